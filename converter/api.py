@@ -1,0 +1,62 @@
+"""`converter.load(path)`: a converted output directory -> a ready model.
+
+flax     -> the Flax NNX model (channels-last), built from abstract state and filled by path, never initialised.
+torchax  -> the PyTorch model (diffusers' names) with the converted weights, on CPU; pass it to
+            `converter.torchax_runtime.compile_model` to run it on JAX, each step jitted.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from converter import targets
+from converter.convert import DTYPES, read_manifest
+from converter.errors import InputError
+from converter.registry import FAMILIES
+
+
+def load(path: str | Path):
+    path = Path(path)
+    manifest = read_manifest(path)
+    family = FAMILIES[manifest["family"]]
+    config = family.config_from_dict(json.loads((path / "config.json").read_text()))
+    dtype = DTYPES[manifest["dtype"]]
+    weights = targets.read_weights(path, manifest["target"], manifest["format"], family, config, dtype)
+    for key, array in weights.items():
+        if np.dtype(array.dtype) != dtype:
+            raise InputError(f"{path}: {key} is {array.dtype}, the manifest says {dtype.name}")
+    if manifest["target"] == "flax":
+        return _flax_model(family, config, dtype, weights, path)
+    return _torch_model(family, config, weights)
+
+
+def _flax_model(family, config, dtype, weights: dict, path: Path):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, abstract = targets.abstract_flax(family, config, dtype)
+    flat = nnx.to_flat_state(abstract)
+    expected = {p for p, _ in flat}
+    if set(weights) != expected:
+        missing, extra = sorted(map(str, expected - set(weights)))[:3], sorted(map(str, set(weights) - expected))[:3]
+        raise InputError(f"{path}: weights do not match the model (missing {missing}, unexpected {extra})")
+    for p, variable in flat:
+        if tuple(weights[p].shape) != tuple(variable.value.shape):
+            raise InputError(f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.value.shape}")
+        variable.value = jnp.asarray(weights[p])
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def _torch_model(family, config, weights: dict):
+    import torch
+
+    def to_torch(array: np.ndarray) -> torch.Tensor:
+        if array.dtype.name == "bfloat16":  # numpy has no bfloat16: reinterpret the bits
+            return torch.from_numpy(np.ascontiguousarray(array).view(np.uint16)).view(torch.bfloat16)
+        return torch.from_numpy(np.array(array))
+
+    model = targets.meta_torch(family, config)
+    model.load_state_dict({k: to_torch(v) for k, v in weights.items()}, strict=True, assign=True)
+    return model.eval()

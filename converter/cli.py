@@ -1,0 +1,102 @@
+"""The `vae-convert` command. `vae-convert MODEL --to flax|torchax --out DIR` converts (MODEL is a registry name);
+other subcommands: `sample`."""
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from converter import __version__
+from converter.errors import ConvertError
+from converter.registry import MODELS, get_model
+
+EXIT_INTERRUPTED = 130
+
+
+class ModelGroup(click.Group):
+    """`vae-convert wan2.1 ...` is `vae-convert convert wan2.1 ...`: a first word that is no subcommand is a model."""
+
+    def resolve_command(self, ctx, args):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            return "convert", self.commands["convert"], args
+        return super().resolve_command(ctx, args)
+
+
+@click.group(cls=ModelGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="vae-convert")
+def cli():
+    """Convert Hugging Face video-VAE checkpoints to Flax NNX (Orbax) or torchax (safetensors) weights.
+
+    \b
+      vae-convert wan2.1 --to flax --out ckpt/
+      vae-convert wan2.1 --source path/to/vae --to torchax --out ckpt-tx/
+    """
+
+
+@cli.command()
+@click.argument("model", type=click.Choice(sorted(MODELS)), metavar="MODEL")
+@click.option("--to", "target", type=click.Choice(["flax", "torchax"]), required=True, help="Target implementation.")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory (must not exist).")
+@click.option("--source", help="Local diffusers folder, .safetensors file, shard index, or Hub repo id[@rev].")
+@click.option("--revision", help="Hub revision (branch, tag or commit) of the source.")
+@click.option("--format", "fmt", type=click.Choice(["orbax", "safetensors"]),
+              help="Weights format: orbax (default for flax) or safetensors (default and only for torchax).")
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
+              show_default=True, help="Output dtype; auto keeps the source's.")
+@click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (also HF_HUB_OFFLINE=1).")
+@click.option("--no-validate", "skip_validation", is_flag=True, help="Skip the decode/encode check.")
+@click.option("--force", is_flag=True, help="Replace an existing --out (only once the new output is complete).")
+@click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
+def convert(model, target, out, source, revision, fmt, dtype, offline, skip_validation, force, verbose):
+    """Convert MODEL's VAE (see `vae-convert --help` for names) to --to's weights at --out."""
+    from converter.convert import Request, convert as run
+
+    request = Request(get_model(model), source, revision, offline, target, fmt, dtype, out, force,
+                      not skip_validation)
+    summary = _guarded(lambda: run(request), verbose)
+    checks = f", validation {sum(c.ok for c in summary.checks)}/{len(summary.checks)} ✓" if summary.checks else \
+        ", not validated"
+    click.echo(f"✓ {model} -> {summary.target} ({summary.fmt}, {summary.dtype}): {summary.tensors} tensors, "
+               f"{summary.parameters / 1e6:.1f}M parameters, {summary.bytes / 1e6:.1f} MB in {summary.seconds:.1f}s"
+               f"{checks} -> {summary.out}")
+
+
+@cli.command()
+@click.argument("model", type=click.Choice(sorted(MODELS)), metavar="MODEL")
+@click.argument("out", type=click.Path(path_type=Path))
+@click.option("--small", is_flag=True, help="Small widths instead of the real architecture's size.")
+@click.option("--seed", default=0, show_default=True)
+def sample(model, out, small, seed):
+    """Write a diffusers-format checkpoint of MODEL with random weights to OUT (offline demos and tests)."""
+    from converter.sample import write_sample
+
+    if out.exists():
+        _fail(f"{out} exists; choose a new folder", 6)
+    parameters = _guarded(lambda: write_sample(get_model(model), out, small, seed), False)
+    click.echo(f"✓ sample {model} checkpoint ({parameters / 1e6:.1f}M parameters, random weights) -> {out}")
+
+
+def _guarded(action, verbose):
+    try:
+        return action()
+    except ConvertError as e:
+        if verbose:
+            traceback.print_exc()
+        _fail(str(e), e.exit_code)
+    except KeyboardInterrupt:
+        _fail("interrupted; nothing was written", EXIT_INTERRUPTED)
+    except Exception as e:  # a bug, not bad input: still one line unless --verbose
+        if verbose:
+            traceback.print_exc()
+        _fail(f"internal error: {type(e).__name__}: {e} (run with --verbose for the traceback)", 1)
+
+
+def _fail(message: str, code: int):
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def main():
+    cli()

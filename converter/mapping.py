@@ -1,0 +1,195 @@
+"""Mapping files and the strict planner that applies them.
+
+A mapping file (mappings/<family>.yaml) has one section per target, each a list of rules. A rule is data:
+  match:     a regex that must match the whole source key (it is anchored whatever it says)
+  to:        the target key, a template filled from the match: {1}, {2}... or {name} for named groups
+  transpose / squeeze / reshape: layout changes, applied in the order they are written in the rule
+
+Target keys are dotted paths; a numeric part is a list index (Flax `nnx.List`), never a position in a sort.
+`plan` checks everything that can be checked without data, both ways, before a byte is read or written:
+each source key matched by exactly one rule, each target leaf filled exactly once, each shape right.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+from converter.errors import MappingError
+
+RULE_FIELDS = {"name", "match", "to", "transpose", "squeeze", "reshape"}
+LAYOUT_OPS = ("transpose", "squeeze", "reshape")
+MAPPINGS_DIR = Path(__file__).resolve().parent.parent / "mappings"
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    name: str
+    pattern: re.Pattern
+    to: str
+    ops: tuple[tuple[str, tuple[int, ...]], ...]
+    where: str  # file:line, for messages
+
+    def target_key(self, match: re.Match) -> str:
+        return self.to.format(match.group(0), *match.groups(), **match.groupdict())
+
+
+@dataclasses.dataclass(frozen=True)
+class Mapping:
+    family: str
+    path: Path
+    targets: dict[str, tuple[Rule, ...]]
+
+    def rules(self, target: str) -> tuple[Rule, ...]:
+        if target not in self.targets:
+            raise MappingError(f"{self.path}: no section for target {target!r} (has: {', '.join(self.targets)})")
+        return self.targets[target]
+
+
+class _LineLoader(yaml.SafeLoader):
+    """Records the line of every mapping so errors can name file:line."""
+
+    def construct_mapping(self, node, deep=False):
+        mapping = super().construct_mapping(node, deep=deep)
+        mapping["__line__"] = node.start_mark.line + 1
+        return mapping
+
+
+def load_mapping(path: str | Path) -> Mapping:
+    path = Path(path)
+    try:
+        doc = yaml.load(path.read_text(), Loader=_LineLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        raise MappingError(f"{path}:{mark.line + 1}: YAML syntax error: {e.problem}") from None
+    except OSError as e:
+        raise MappingError(f"{path}: cannot read mapping file ({e.strerror})") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("targets"), dict) or "family" not in doc:
+        raise MappingError(f"{path}:1: a mapping file needs 'family' and a 'targets' section")
+    unknown = set(doc) - {"family", "targets", "__line__"}
+    if unknown:
+        raise MappingError(f"{path}:{doc['__line__']}: unknown top-level field(s): {', '.join(sorted(unknown))}")
+    targets = {}
+    for target, rules in doc["targets"].items():
+        if target == "__line__":
+            continue
+        if not isinstance(rules, list):
+            raise MappingError(f"{path}:{doc['targets']['__line__']}: target {target!r} must be a list of rules")
+        targets[target] = tuple(_parse_rule(path, raw) for raw in rules)
+    return Mapping(family=str(doc["family"]), path=path, targets=targets)
+
+
+def _parse_rule(path: Path, raw) -> Rule:
+    if not isinstance(raw, dict):
+        raise MappingError(f"{path}: a rule must be a mapping with 'match' and 'to', got {raw!r}")
+    where = f"{path}:{raw.pop('__line__')}"
+    unknown = set(raw) - RULE_FIELDS
+    if unknown:
+        raise MappingError(f"{where}: unknown rule field(s): {', '.join(sorted(unknown))} "
+                           f"(allowed: {', '.join(sorted(RULE_FIELDS))})")
+    if not isinstance(raw.get("match"), str) or not isinstance(raw.get("to"), str):
+        raise MappingError(f"{where}: a rule needs string fields 'match' and 'to'")
+    try:
+        pattern = re.compile(raw["match"])
+    except re.error as e:
+        raise MappingError(f"{where}: bad regex {raw['match']!r}: {e}") from None
+    ops = []
+    for op in (k for k in raw if k in LAYOUT_OPS):
+        value = raw[op]
+        if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+            raise MappingError(f"{where}: {op} takes a list of integers, got {value!r}")
+        ops.append((op, tuple(value)))
+    return Rule(name=raw.get("name", raw["match"]), pattern=pattern, to=raw["to"], ops=tuple(ops), where=where)
+
+
+def transformed_shape(ops, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The shape `apply_ops` gives, computed without data; raises ValueError when an op cannot apply."""
+    for op, arg in ops:
+        if op == "transpose":
+            if sorted(arg) != list(range(len(shape))):
+                raise ValueError(f"transpose {list(arg)} does not fit a {len(shape)}-d tensor")
+            shape = tuple(shape[i] for i in arg)
+        elif op == "squeeze":
+            if any(not -len(shape) <= a < len(shape) or shape[a] != 1 for a in arg):
+                raise ValueError(f"squeeze {list(arg)} needs size-1 axes, shape is {list(shape)}")
+            drop = {a % len(shape) for a in arg}
+            shape = tuple(d for i, d in enumerate(shape) if i not in drop)
+        else:
+            shape = _reshaped(shape, arg)
+    return shape
+
+
+def _reshaped(shape, arg):
+    size = int(np.prod(shape))
+    known = int(np.prod([d for d in arg if d != -1]))
+    if arg.count(-1) > 1 or (arg.count(-1) == 0 and known != size) or (known == 0 or size % known):
+        raise ValueError(f"reshape {list(arg)} does not fit shape {list(shape)}")
+    return tuple(size // known if d == -1 else d for d in arg)
+
+
+def apply_ops(ops, array: np.ndarray) -> np.ndarray:
+    for op, arg in ops:
+        if op == "transpose":
+            array = array.transpose(arg)
+        elif op == "squeeze":
+            array = array.squeeze(arg)
+        else:
+            array = array.reshape(arg)
+    return array
+
+
+@dataclasses.dataclass(frozen=True)
+class Assignment:
+    source_key: str
+    target_key: str
+    rule: Rule
+
+
+def plan(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes: dict[str, tuple]) -> list[Assignment]:
+    """Pairs every source key with its target leaf, or raises MappingError listing every problem found."""
+    rules = mapping.rules(target)
+    problems, assignments, filled_by = [], [], {}
+    for key in source:
+        hits = [(rule, m) for rule in rules if (m := rule.pattern.fullmatch(key))]
+        if not hits:
+            problems.append(f"source key {key!r} is matched by no rule of {mapping.path.name} [{target}]")
+            continue
+        if len(hits) > 1:
+            names = "; ".join(f"{r.name} ({r.where})" for r, _ in hits)
+            problems.append(f"source key {key!r} is matched by {len(hits)} rules: {names}")
+            continue
+        rule, match = hits[0]
+        target_key = rule.target_key(match)
+        if target_key not in target_shapes:
+            problems.append(f"source key {key!r} maps to {target_key!r} ({rule.where}), which the {target} model "
+                            f"does not have")
+            continue
+        if target_key in filled_by:
+            problems.append(f"target leaf {target_key!r} is filled twice: from {filled_by[target_key]!r} and "
+                            f"{key!r} ({rule.where})")
+            continue
+        filled_by[target_key] = key
+        try:
+            got = transformed_shape(rule.ops, tuple(source[key]))
+        except ValueError as e:
+            problems.append(f"source key {key!r}: {e} ({rule.where})")
+            continue
+        if got != tuple(target_shapes[target_key]):
+            problems.append(f"shape mismatch for {key!r} -> {target_key!r}: expected {list(target_shapes[target_key])}"
+                            f", got {list(got)} from source {list(source[key])} ({rule.where})")
+            continue
+        assignments.append(Assignment(key, target_key, rule))
+    problems += [f"target leaf {k!r} is filled by no source key (missing from the checkpoint?)"
+                 for k in target_shapes if k not in filled_by]
+    if problems:
+        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+        raise MappingError(f"{len(problems)} mapping problem(s): " + " | ".join(shown))
+    return assignments
+
+
+def target_path(key: str) -> tuple:
+    """'encoder.down_blocks.10.conv1.kernel' -> ('encoder', 'down_blocks', 10, 'conv1', 'kernel')."""
+    return tuple(int(part) if part.isdigit() else part for part in key.split("."))

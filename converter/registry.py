@@ -1,0 +1,74 @@
+"""Model families and the model names users type (`vae-convert wan2.1`).
+
+A family ties together what is specific to one VAE architecture: its config class, its two implementations,
+its mapping file, and the sample inputs validation runs. Everything else in converter/ is family-agnostic.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Callable
+
+from converter.errors import InputError
+from converter.mapping import MAPPINGS_DIR
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    name: str
+    class_name: str  # diffusers' class, as config.json's `_class_name` names it
+    config_cls: str  # "module:attr", imported on demand so the CLI starts fast
+    flax_cls: str
+    torch_cls: str
+    mapping_file: str
+    # (config) -> shapes of the validation inputs, channels-first: latent (B, z, T, H, W), video (B, C, T, H, W)
+    sample_latent_shape: Callable
+    sample_video_shape: Callable
+
+    @property
+    def mapping_path(self):
+        return MAPPINGS_DIR / self.mapping_file
+
+    def load(self, which: str):
+        module, attr = getattr(self, which).split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def config_from_dict(self, raw: dict):
+        return self.load("config_cls").from_dict(raw)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    family: Family
+    repo_id: str
+    subfolder: str
+    revision: str = "main"
+
+
+WAN21 = Family(
+    name="wan2.1",
+    class_name="AutoencoderKLWan",
+    config_cls="models.wan.config:WanVAEConfig",
+    flax_cls="models.wan.modeling_flax:AutoencoderKLWan",
+    torch_cls="models.wan.modeling_torch:AutoencoderKLWan",
+    mapping_file="wan2.1.yaml",
+    sample_latent_shape=lambda c: (1, c.z_dim, 3, 8, 8),
+    sample_video_shape=lambda c: (1, c.in_channels, 5, 32, 32),
+)
+
+FAMILIES = {f.name: f for f in (WAN21,)}
+
+MODELS = {m.name: m for m in (
+    ModelEntry("wan2.1", WAN21, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "vae"),
+)}
+
+
+def get_model(name: str) -> ModelEntry:
+    if name not in MODELS:
+        raise InputError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
+    return MODELS[name]
+
+
+def family_for_class(class_name: str) -> Family | None:
+    return next((f for f in FAMILIES.values() if f.class_name == class_name), None)

@@ -1,0 +1,113 @@
+"""safetensors read memory-mapped (one tensor at a time, no copy, bf16 without a float32 detour) and written
+streaming (header from known shapes first, then each tensor as it is produced).
+
+The format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}}, then data.
+The reader checks the header fully before any tensor is touched, so a truncated or corrupt file is one clear error.
+"""
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+
+from converter.errors import InputError
+
+DTYPES = {
+    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
+}
+CODES = {dtype: code for code, dtype in DTYPES.items()}
+MAX_HEADER = 100 * 1024 * 1024
+
+
+class SafetensorsFile:
+    """Tensors of one .safetensors file as read-only numpy views of a memory map."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        try:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size < 8:
+                    raise InputError(f"{self.path}: not a safetensors file ({size} bytes, too short for a header)")
+                (header_len,) = struct.unpack("<Q", f.read(8))
+                if header_len > min(size - 8, MAX_HEADER):
+                    raise InputError(f"{self.path}: not a safetensors file, or truncated "
+                                     f"(header claims {header_len} bytes, file has {size})")
+                header_bytes = f.read(header_len)
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + header_len else None
+        except OSError as e:
+            raise InputError(f"{self.path}: cannot read ({e.strerror})") from None
+        try:
+            header = json.loads(header_bytes)
+            if not isinstance(header, dict):
+                raise ValueError("header is not a JSON object")
+        except (ValueError, UnicodeDecodeError):
+            raise InputError(f"{self.path}: not a safetensors file (its header is not valid JSON)") from None
+        self.metadata = header.pop("__metadata__", None) or {}
+        self._data_start = 8 + header_len
+        data_size = size - self._data_start
+        self.specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+        self._offsets: dict[str, tuple[int, int]] = {}
+        for name, entry in header.items():
+            self._check_entry(name, entry, data_size)
+
+    def _check_entry(self, name, entry, data_size):
+        try:
+            dtype = DTYPES[entry["dtype"]]
+            shape = tuple(int(d) for d in entry["shape"])
+            begin, end = (int(o) for o in entry["data_offsets"])
+        except (KeyError, TypeError, ValueError):
+            raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}") from None
+        if any(d < 0 for d in shape) or not 0 <= begin <= end:
+            raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
+        if end > data_size:
+            raise InputError(f"{self.path}: truncated (tensor {name!r} ends at byte {end} of {data_size})")
+        if (end - begin) != int(np.prod(shape)) * dtype.itemsize:
+            raise InputError(f"{self.path}: corrupt header: tensor {name!r} has {end - begin} bytes for "
+                             f"shape {list(shape)} {entry['dtype']}")
+        self.specs[name] = (shape, dtype)
+        self._offsets[name] = (begin, end)
+
+    def keys(self):
+        return self.specs.keys()
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        shape, dtype = self.specs[name]
+        begin, end = self._offsets[name]
+        if begin == end:
+            return np.zeros(shape, dtype)
+        return np.frombuffer(self._map, dtype=dtype, count=(end - begin) // dtype.itemsize,
+                             offset=self._data_start + begin).reshape(shape)
+
+
+class SafetensorsWriter:
+    """Writes a file whose tensors are all declared up front; `write` then takes them in declared order."""
+
+    def __init__(self, path: Path, specs: dict[str, tuple[tuple[int, ...], np.dtype]], metadata: dict[str, str]):
+        header, offset = {"__metadata__": metadata}, 0
+        for name, (shape, dtype) in specs.items():
+            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+            header[name] = {"dtype": CODES[np.dtype(dtype)], "shape": list(shape),
+                            "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+        encoded = json.dumps(header, separators=(",", ":")).encode()
+        encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned, as the reference writer does
+        self._pending = list(specs.items())
+        self._file = open(path, "wb")
+        self._file.write(struct.pack("<Q", len(encoded)) + encoded)
+
+    def write(self, name: str, array: np.ndarray):
+        expected_name, (shape, dtype) = self._pending.pop(0)
+        assert name == expected_name and array.shape == tuple(shape) and array.dtype == dtype, (name, expected_name)
+        self._file.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)  # bytes view: bf16 has no buffer code
+
+    def close(self):
+        assert not self._pending, f"{len(self._pending)} declared tensors were never written"
+        self._file.close()

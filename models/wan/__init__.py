@@ -1,0 +1,1 @@
+"""Wan 2.1 video VAE (diffusers' AutoencoderKLWan) in Flax NNX and in PyTorch for torchax."""

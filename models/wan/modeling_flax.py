@@ -1,0 +1,271 @@
+"""Wan 2.1 video VAE (diffusers' `AutoencoderKLWan`) in Flax NNX, channels-last: videos are (B, T, H, W, C).
+
+Read it beside diffusers' `autoencoder_kl_wan.py`: modules and parameters carry the same names. Two things differ:
+- The causal feature cache is explicit. Every cached block takes `cache` (None on the first chunk) and returns
+  `(x, new_cache)`, so a whole encoder/decoder step is a pure function that `jax.jit` compiles once per chunk shape.
+- diffusers' 1-frame or missing history is the same as a zero history (its causal padding is zeros), so every
+  cache holds exactly CACHE_T frames and its shape never changes after the first step.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.wan.config import WanVAEConfig
+
+CACHE_T = 2
+
+
+def _triple(value) -> tuple[int, int, int]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (value,) * 3
+
+
+class WanCausalConv3d(nnx.Conv):
+    """Conv3d padded causally in time (2*p frames of history in front) and symmetrically in space."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, *, padding, rngs, param_dtype):
+        pt, ph, pw = _triple(padding)
+        super().__init__(in_channels, out_channels, _triple(kernel_size), padding=((0, 0), (ph, ph), (pw, pw)),
+                         rngs=rngs, param_dtype=param_dtype)
+        self.history = 2 * pt
+
+    def __call__(self, x, cache=None):
+        # x: (B, T, H, W, C); cache: (B, CACHE_T, H, W, C) of earlier frames, or None for none (zeros).
+        if cache is None:
+            cache = jnp.zeros((x.shape[0], CACHE_T, *x.shape[2:]), x.dtype)
+        x = jnp.concatenate([cache, x], axis=1)
+        return super().__call__(x[:, CACHE_T - self.history:]), x[:, -CACHE_T:]
+
+
+def _conv(in_channels, out_channels, kernel_size, *, rngs, param_dtype, **kwargs):
+    return nnx.Conv(in_channels, out_channels, kernel_size, rngs=rngs, param_dtype=param_dtype, **kwargs)
+
+
+class WanRMS_norm(nnx.Module):
+    """x / ||x||_2 over channels * sqrt(C) * gamma, as `F.normalize`; the norm is taken in float32."""
+
+    def __init__(self, dim, *, param_dtype):
+        self.scale = dim**0.5
+        self.gamma = nnx.Param(jnp.ones((dim,), param_dtype))
+
+    def __call__(self, x):
+        xf = x.astype(jnp.float32)
+        norm = jnp.sqrt(jnp.sum(xf * xf, axis=-1, keepdims=True))
+        normalized = (xf / jnp.maximum(norm, 1e-12)).astype(x.dtype)
+        return normalized * self.scale * self.gamma[...]
+
+
+class WanResample(nnx.Module):
+    def __init__(self, dim, mode, *, rngs, param_dtype):
+        self.mode = mode
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        if mode in ("upsample2d", "upsample3d"):
+            self.resample = _conv(dim, dim // 2, (3, 3), padding=((1, 1), (1, 1)), **kw)
+        else:  # diffusers: ZeroPad2d((0, 1, 0, 1)) then a 3x3 stride-2 conv
+            self.resample = _conv(dim, dim, (3, 3), strides=(2, 2), padding=((0, 1), (0, 1)), **kw)
+        if mode == "upsample3d":
+            self.time_conv = WanCausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0), **kw)
+        elif mode == "downsample3d":
+            self.time_conv = _conv(dim, dim, (3, 1, 1), strides=(2, 1, 1), padding="VALID", **kw)
+
+    def __call__(self, x, cache=None):
+        b, t, h, w, c = x.shape
+        new_cache = None
+        if self.mode == "upsample3d":
+            if cache is None:  # first chunk: no temporal upsampling, and the next chunk starts from zeros
+                new_cache = jnp.zeros((b, CACHE_T, h, w, c), x.dtype)
+            else:
+                x, new_cache = self.time_conv(x, cache)  # (B, T, H, W, 2C): channel halves are frames 2t, 2t+1
+                x = x.reshape(b, t, h, w, 2, c).transpose(0, 1, 4, 2, 3, 5).reshape(b, 2 * t, h, w, c)
+        if self.mode.startswith("upsample"):
+            x = jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)  # nearest-exact at scale 2 repeats each pixel
+        x = self.resample(x)
+        if self.mode == "downsample3d":
+            if cache is not None:  # the first chunk keeps its single frame
+                x, cache_frame = self.time_conv(jnp.concatenate([cache, x], axis=1)), x[:, -1:]
+                return x, cache_frame
+            new_cache = x[:, -1:]
+        return x, new_cache
+
+
+class WanResidualBlock(nnx.Module):
+    def __init__(self, in_dim, out_dim, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.norm1 = WanRMS_norm(in_dim, param_dtype=param_dtype)
+        self.conv1 = WanCausalConv3d(in_dim, out_dim, 3, padding=1, **kw)
+        self.norm2 = WanRMS_norm(out_dim, param_dtype=param_dtype)
+        self.conv2 = WanCausalConv3d(out_dim, out_dim, 3, padding=1, **kw)
+        self.conv_shortcut = _conv(in_dim, out_dim, (1, 1, 1), **kw) if in_dim != out_dim else None
+
+    def __call__(self, x, cache=None):
+        cache1, cache2 = cache if cache is not None else (None, None)
+        h = x if self.conv_shortcut is None else self.conv_shortcut(x)
+        x, cache1 = self.conv1(nnx.silu(self.norm1(x)), cache1)
+        x, cache2 = self.conv2(nnx.silu(self.norm2(x)), cache2)
+        return x + h, (cache1, cache2)
+
+
+class WanAttentionBlock(nnx.Module):
+    """Single-head self-attention over the pixels of each frame; diffusers' 1x1 convs are Linear layers here."""
+
+    def __init__(self, dim, *, rngs, param_dtype):
+        self.norm = WanRMS_norm(dim, param_dtype=param_dtype)
+        self.to_qkv = nnx.Linear(dim, dim * 3, rngs=rngs, param_dtype=param_dtype)
+        self.proj = nnx.Linear(dim, dim, rngs=rngs, param_dtype=param_dtype)
+
+    def __call__(self, x, cache=None):
+        b, t, h, w, c = x.shape
+        tokens = self.norm(x.reshape(b * t, h * w, c))
+        q, k, v = jnp.split(self.to_qkv(tokens), 3, axis=-1)  # each (B*T, H*W, C)
+        weights = jax.nn.softmax(jnp.einsum("bqc,bkc->bqk", q, k) / jnp.sqrt(c).astype(q.dtype), axis=-1)
+        out = self.proj(jnp.einsum("bqk,bkc->bqc", weights, v))
+        return x + out.reshape(b, t, h, w, c), None
+
+
+class WanMidBlock(nnx.Module):
+    def __init__(self, dim, *, rngs, param_dtype, num_layers=1):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.attentions = nnx.List([WanAttentionBlock(dim, **kw) for _ in range(num_layers)])
+        self.resnets = nnx.List([WanResidualBlock(dim, dim, **kw) for _ in range(num_layers + 1)])
+
+    def __call__(self, x, cache=None):
+        cache = cache if cache is not None else [None] * len(self.resnets)
+        x, first = self.resnets[0](x, cache[0])
+        new_cache = [first]
+        for attn, resnet, resnet_cache in zip(self.attentions, self.resnets[1:], cache[1:]):
+            x, _ = attn(x)
+            x, resnet_cache = resnet(x, resnet_cache)
+            new_cache.append(resnet_cache)
+        return x, new_cache
+
+
+def _run_layers(layers, x, cache):
+    """Runs cached layers in order; returns the output and the list of their new caches."""
+    cache = cache if cache is not None else [None] * len(layers)
+    new_cache = []
+    for layer, layer_cache in zip(layers, cache):
+        x, layer_cache = layer(x, layer_cache)
+        new_cache.append(layer_cache)
+    return x, new_cache
+
+
+class WanEncoder3d(nnx.Module):
+    def __init__(self, config: WanVAEConfig, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        dims = [config.base_dim * u for u in (1, *config.dim_mult)]
+        scale = 1.0
+        self.conv_in = WanCausalConv3d(config.in_channels, dims[0], 3, padding=1, **kw)
+        down_blocks = []
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            for _ in range(config.num_res_blocks):
+                down_blocks.append(WanResidualBlock(in_dim, out_dim, **kw))
+                if scale in config.attn_scales:
+                    down_blocks.append(WanAttentionBlock(out_dim, **kw))
+                in_dim = out_dim
+            if i != len(config.dim_mult) - 1:
+                mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
+                down_blocks.append(WanResample(out_dim, mode, **kw))
+                scale /= 2.0
+        self.down_blocks = nnx.List(down_blocks)
+        self.mid_block = WanMidBlock(out_dim, **kw)
+        self.norm_out = WanRMS_norm(out_dim, param_dtype=param_dtype)
+        self.conv_out = WanCausalConv3d(out_dim, config.z_dim * 2, 3, padding=1, **kw)
+
+    def __call__(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
+        x, new["down_blocks"] = _run_layers(self.down_blocks, x, cache.get("down_blocks"))
+        x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
+        x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x)), cache.get("conv_out"))
+        return x, new
+
+
+class WanUpBlock(nnx.Module):
+    def __init__(self, in_dim, out_dim, num_res_blocks, upsample_mode, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.resnets = nnx.List(
+            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim, **kw) for i in range(num_res_blocks + 1)]
+        )
+        self.upsamplers = nnx.List([WanResample(out_dim, upsample_mode, **kw)] if upsample_mode else [])
+
+    def __call__(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["resnets"] = _run_layers(self.resnets, x, cache.get("resnets"))
+        x, new["upsamplers"] = _run_layers(self.upsamplers, x, cache.get("upsamplers"))
+        return x, new
+
+
+class WanDecoder3d(nnx.Module):
+    def __init__(self, config: WanVAEConfig, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        dim = config.decoder_base_dim or config.base_dim
+        dim_mult = config.dim_mult
+        dims = [dim * u for u in (dim_mult[-1], *dim_mult[::-1])]
+        self.conv_in = WanCausalConv3d(config.z_dim, dims[0], 3, padding=1, **kw)
+        self.mid_block = WanMidBlock(dims[0], **kw)
+        up_blocks = []
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            if i > 0:
+                in_dim = in_dim // 2  # the previous block's upsampler halved the channels
+            mode = None
+            if i != len(dim_mult) - 1:
+                mode = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
+            up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode, **kw))
+        self.up_blocks = nnx.List(up_blocks)
+        self.norm_out = WanRMS_norm(out_dim, param_dtype=param_dtype)
+        self.conv_out = WanCausalConv3d(out_dim, config.out_channels, 3, padding=1, **kw)
+
+    def __call__(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
+        x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
+        x, new["up_blocks"] = _run_layers(self.up_blocks, x, cache.get("up_blocks"))
+        x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x)), cache.get("conv_out"))
+        return x, new
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _step(graphdef, part, state, x, cache):
+    """One chunk through the encoder or decoder; compiled once per (chunk shape, first chunk or not)."""
+    model = nnx.merge(graphdef, state)
+    return getattr(model, part)(x, cache)
+
+
+class AutoencoderKLWan(nnx.Module):
+    def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.config = config
+        self.encoder = WanEncoder3d(config, **kw)
+        self.quant_conv = _conv(config.z_dim * 2, config.z_dim * 2, (1, 1, 1), **kw)
+        self.post_quant_conv = _conv(config.z_dim, config.z_dim, (1, 1, 1), **kw)
+        self.decoder = WanDecoder3d(config, **kw)
+
+    def encode(self, x):
+        """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)//4, H/8, W/8, z_dim).
+
+        Like diffusers: the first frame alone, then chunks of 4; frames past the last full chunk are dropped.
+        """
+        graphdef, state = nnx.split(self)
+        chunks = [x[:, :1]] + [x[:, 1 + 4 * i: 5 + 4 * i] for i in range((x.shape[1] - 1) // 4)]
+        outs, cache = [], None
+        for chunk in chunks:
+            out, cache = _step(graphdef, "encoder", state, chunk, cache)
+            outs.append(out)
+        mean, logvar = jnp.split(self.quant_conv(jnp.concatenate(outs, axis=1)), 2, axis=-1)
+        return mean, jnp.clip(logvar, -30.0, 20.0)
+
+    def decode(self, z):
+        """(B, T, H, W, z_dim) latents -> (B, 1 + 4*(T-1), 8H, 8W, C) video in [-1, 1], one latent frame a step."""
+        graphdef, state = nnx.split(self)
+        x = self.post_quant_conv(z)
+        outs, cache = [], None
+        for i in range(x.shape[1]):
+            out, cache = _step(graphdef, "decoder", state, x[:, i:i + 1], cache)
+            outs.append(out)
+        return jnp.clip(jnp.concatenate(outs, axis=1), -1.0, 1.0)

@@ -1,0 +1,289 @@
+"""Wan 2.1 video VAE (diffusers' `AutoencoderKLWan`) in PyTorch, channels-first, written to run under torchax.
+
+Parameter names and shapes are diffusers' own, so `AutoencoderKLWan.from_pretrained` reads what this model saves,
+and `encode(x).latent_dist` / `decode(z).sample` behave the same. It runs in plain PyTorch (the converter's
+reference) and on JAX through torchax. What differs from diffusers, for the sake of `jax.jit`:
+- The causal feature cache is explicit: cached blocks take `cache` (None on the first chunk) and return
+  `(x, new_cache)`, so `encoder(x, cache)` and `decoder(z, cache)` are pure steps torchax can compile.
+- Every cache holds exactly CACHE_T frames (missing history is zeros, as diffusers' causal padding is), so cache
+  shapes never change after the first step and each step compiles once.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.wan.config import WanVAEConfig
+
+CACHE_T = 2
+
+
+class WanCausalConv3d(nn.Conv3d):
+    """Conv3d padded causally in time (2*p frames of history in front) and symmetrically in space."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0):
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding)
+        self.history = 2 * self.padding[0]
+        self.padding = (0, self.padding[1], self.padding[2])
+
+    def forward(self, x, cache=None):
+        # x: (B, C, T, H, W); cache: (B, C, CACHE_T, H, W) of earlier frames, or None for none (zeros).
+        if self.history == 0:
+            return super().forward(x)
+        if cache is None:
+            cache = x.new_zeros((x.shape[0], x.shape[1], CACHE_T, *x.shape[3:]))
+        x = torch.cat([cache, x], dim=2)
+        return super().forward(x[:, :, CACHE_T - self.history:]), x[:, :, -CACHE_T:]
+
+
+class WanRMS_norm(nn.Module):
+    """F.normalize over channels * sqrt(C) * gamma; the norm is taken in float32 for low-precision inputs."""
+
+    def __init__(self, dim, images=True):
+        super().__init__()
+        self.scale = dim**0.5
+        self.gamma = nn.Parameter(torch.ones((dim, 1, 1) if images else (dim, 1, 1, 1)))
+
+    def forward(self, x):
+        normalized = F.normalize(x.float(), dim=1).to(x.dtype)
+        return normalized * self.scale * self.gamma
+
+
+class WanUpsample(nn.Module):
+    """Nearest-exact upsampling by 2 in H and W, which repeats each pixel (no parameters, as in diffusers)."""
+
+    def forward(self, x):
+        return x.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
+
+
+class WanResample(nn.Module):
+    def __init__(self, dim, mode):
+        super().__init__()
+        self.mode = mode
+        if mode in ("upsample2d", "upsample3d"):
+            self.resample = nn.Sequential(WanUpsample(), nn.Conv2d(dim, dim // 2, 3, padding=1))
+        else:
+            self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=(2, 2)))
+        if mode == "upsample3d":
+            self.time_conv = WanCausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+        elif mode == "downsample3d":
+            self.time_conv = WanCausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1), padding=(0, 0, 0))
+
+    def forward(self, x, cache=None):
+        b, c, t, h, w = x.shape
+        new_cache = None
+        if self.mode == "upsample3d":
+            if cache is None:  # first chunk: no temporal upsampling, and the next chunk starts from zeros
+                new_cache = x.new_zeros((b, c, CACHE_T, h, w))
+            else:
+                x, new_cache = self.time_conv(x, cache)  # (B, 2C, T, H, W): channel halves are frames 2t, 2t+1
+                x = x.reshape(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
+        t = x.shape[2]
+        x = self.resample(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+        x = x.reshape(b, t, *x.shape[1:]).permute(0, 2, 1, 3, 4)
+        if self.mode == "downsample3d":
+            if cache is not None:  # the first chunk keeps its single frame
+                return self.time_conv(torch.cat([cache, x], dim=2)), x[:, :, -1:]
+            new_cache = x[:, :, -1:]
+        return x, new_cache
+
+
+class WanResidualBlock(nn.Module):
+    def __init__(self, in_dim, out_dim):
+        super().__init__()
+        self.norm1 = WanRMS_norm(in_dim, images=False)
+        self.conv1 = WanCausalConv3d(in_dim, out_dim, 3, padding=1)
+        self.norm2 = WanRMS_norm(out_dim, images=False)
+        self.conv2 = WanCausalConv3d(out_dim, out_dim, 3, padding=1)
+        self.conv_shortcut = WanCausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
+
+    def forward(self, x, cache=None):
+        cache1, cache2 = cache if cache is not None else (None, None)
+        h = self.conv_shortcut(x)
+        x, cache1 = self.conv1(F.silu(self.norm1(x)), cache1)
+        x, cache2 = self.conv2(F.silu(self.norm2(x)), cache2)
+        return x + h, (cache1, cache2)
+
+
+class WanAttentionBlock(nn.Module):
+    """Single-head self-attention over the pixels of each frame."""
+
+    def __init__(self, dim):
+        super().__init__()
+        self.norm = WanRMS_norm(dim)
+        self.to_qkv = nn.Conv2d(dim, dim * 3, 1)
+        self.proj = nn.Conv2d(dim, dim, 1)
+
+    def forward(self, x, cache=None):
+        b, c, t, h, w = x.shape
+        frames = self.norm(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+        qkv = self.to_qkv(frames).reshape(b * t, c * 3, h * w).permute(0, 2, 1)  # (B*T, H*W, 3C)
+        q, k, v = qkv.chunk(3, dim=-1)
+        weights = torch.softmax(q @ k.transpose(1, 2) / c**0.5, dim=-1)
+        out = (weights @ v).permute(0, 2, 1).reshape(b * t, c, h, w)
+        out = self.proj(out).reshape(b, t, c, h, w).permute(0, 2, 1, 3, 4)
+        return x + out, None
+
+
+class WanMidBlock(nn.Module):
+    def __init__(self, dim, num_layers=1):
+        super().__init__()
+        self.attentions = nn.ModuleList([WanAttentionBlock(dim) for _ in range(num_layers)])
+        self.resnets = nn.ModuleList([WanResidualBlock(dim, dim) for _ in range(num_layers + 1)])
+
+    def forward(self, x, cache=None):
+        cache = cache if cache is not None else [None] * len(self.resnets)
+        x, first = self.resnets[0](x, cache[0])
+        new_cache = [first]
+        for attn, resnet, resnet_cache in zip(self.attentions, self.resnets[1:], cache[1:]):
+            x, _ = attn(x)
+            x, resnet_cache = resnet(x, resnet_cache)
+            new_cache.append(resnet_cache)
+        return x, new_cache
+
+
+def _run_layers(layers, x, cache):
+    """Runs cached layers in order; returns the output and the list of their new caches."""
+    cache = cache if cache is not None else [None] * len(layers)
+    new_cache = []
+    for layer, layer_cache in zip(layers, cache):
+        x, layer_cache = layer(x, layer_cache)
+        new_cache.append(layer_cache)
+    return x, new_cache
+
+
+class WanEncoder3d(nn.Module):
+    def __init__(self, config: WanVAEConfig):
+        super().__init__()
+        dims = [config.base_dim * u for u in (1, *config.dim_mult)]
+        scale = 1.0
+        self.conv_in = WanCausalConv3d(config.in_channels, dims[0], 3, padding=1)
+        self.down_blocks = nn.ModuleList()
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            for _ in range(config.num_res_blocks):
+                self.down_blocks.append(WanResidualBlock(in_dim, out_dim))
+                if scale in config.attn_scales:
+                    self.down_blocks.append(WanAttentionBlock(out_dim))
+                in_dim = out_dim
+            if i != len(config.dim_mult) - 1:
+                mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
+                self.down_blocks.append(WanResample(out_dim, mode))
+                scale /= 2.0
+        self.mid_block = WanMidBlock(out_dim)
+        self.norm_out = WanRMS_norm(out_dim, images=False)
+        self.conv_out = WanCausalConv3d(out_dim, config.z_dim * 2, 3, padding=1)
+
+    def forward(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
+        x, new["down_blocks"] = _run_layers(self.down_blocks, x, cache.get("down_blocks"))
+        x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
+        x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x)), cache.get("conv_out"))
+        return x, new
+
+
+class WanUpBlock(nn.Module):
+    def __init__(self, in_dim, out_dim, num_res_blocks, upsample_mode):
+        super().__init__()
+        self.resnets = nn.ModuleList(
+            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim) for i in range(num_res_blocks + 1)]
+        )
+        self.upsamplers = nn.ModuleList([WanResample(out_dim, upsample_mode)] if upsample_mode else [])
+
+    def forward(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["resnets"] = _run_layers(self.resnets, x, cache.get("resnets"))
+        x, new["upsamplers"] = _run_layers(self.upsamplers, x, cache.get("upsamplers"))
+        return x, new
+
+
+class WanDecoder3d(nn.Module):
+    def __init__(self, config: WanVAEConfig):
+        super().__init__()
+        dim = config.decoder_base_dim or config.base_dim
+        dim_mult = config.dim_mult
+        dims = [dim * u for u in (dim_mult[-1], *dim_mult[::-1])]
+        self.conv_in = WanCausalConv3d(config.z_dim, dims[0], 3, padding=1)
+        self.mid_block = WanMidBlock(dims[0])
+        self.up_blocks = nn.ModuleList()
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            if i > 0:
+                in_dim = in_dim // 2  # the previous block's upsampler halved the channels
+            mode = None
+            if i != len(dim_mult) - 1:
+                mode = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
+            self.up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode))
+        self.norm_out = WanRMS_norm(out_dim, images=False)
+        self.conv_out = WanCausalConv3d(out_dim, config.out_channels, 3, padding=1)
+
+    def forward(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
+        x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
+        x, new["up_blocks"] = _run_layers(self.up_blocks, x, cache.get("up_blocks"))
+        x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x)), cache.get("conv_out"))
+        return x, new
+
+
+class DiagonalGaussianDistribution:
+    """The posterior diffusers' `encode(x).latent_dist` returns: mean and clamped log-variance over channels."""
+
+    def __init__(self, parameters: torch.Tensor):
+        self.mean, logvar = parameters.chunk(2, dim=1)
+        self.logvar = logvar.clamp(-30.0, 20.0)
+        self.std = torch.exp(0.5 * self.logvar)
+
+    def mode(self):
+        return self.mean
+
+    def sample(self, generator=None):
+        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype).to(self.mean.device)
+        return self.mean + self.std * noise
+
+
+@dataclasses.dataclass
+class EncoderOutput:
+    latent_dist: DiagonalGaussianDistribution
+
+
+@dataclasses.dataclass
+class DecoderOutput:
+    sample: torch.Tensor
+
+
+class AutoencoderKLWan(nn.Module):
+    def __init__(self, config: WanVAEConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = WanEncoder3d(config)
+        self.quant_conv = WanCausalConv3d(config.z_dim * 2, config.z_dim * 2, 1)
+        self.post_quant_conv = WanCausalConv3d(config.z_dim, config.z_dim, 1)
+        self.decoder = WanDecoder3d(config)
+
+    def run_step(self, block: nn.Module, x, cache):
+        """One encoder/decoder chunk. The torchax runtime replaces this with a compiled step."""
+        return block(x, cache)
+
+    def encode(self, x: torch.Tensor) -> EncoderOutput:
+        """(B, C, T, H, W) video; the first frame alone, then chunks of 4 (frames past the last are dropped)."""
+        chunks = [x[:, :, :1]] + [x[:, :, 1 + 4 * i: 5 + 4 * i] for i in range((x.shape[2] - 1) // 4)]
+        outs, cache = [], None
+        for chunk in chunks:
+            out, cache = self.run_step(self.encoder, chunk, cache)
+            outs.append(out)
+        return EncoderOutput(DiagonalGaussianDistribution(self.quant_conv(torch.cat(outs, dim=2))))
+
+    def decode(self, z: torch.Tensor) -> DecoderOutput:
+        """(B, z_dim, T, H, W) latents -> (B, C, 1 + 4*(T-1), 8H, 8W) video in [-1, 1], one latent frame a step."""
+        x = self.post_quant_conv(z)
+        outs, cache = [], None
+        for i in range(x.shape[2]):
+            out, cache = self.run_step(self.decoder, x[:, :, i:i + 1], cache)
+            outs.append(out)
+        return DecoderOutput(torch.cat(outs, dim=2).clamp(-1.0, 1.0))
