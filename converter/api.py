@@ -43,9 +43,9 @@ def _flax_model(family, config, dtype, weights: dict, path: Path):
         missing, extra = sorted(map(str, expected - set(weights)))[:3], sorted(map(str, set(weights) - expected))[:3]
         raise InputError(f"{path}: weights do not match the model (missing {missing}, unexpected {extra})")
     for p, variable in flat:
-        if tuple(weights[p].shape) != tuple(variable.value.shape):
-            raise InputError(f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.value.shape}")
-        variable.value = jnp.asarray(weights[p])
+        if tuple(weights[p].shape) != tuple(variable.get_value().shape):
+            raise InputError(f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}")
+        variable.set_value(jnp.asarray(weights[p]))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 

@@ -46,7 +46,7 @@ def target_shapes(family: Family, config, target: str) -> dict[str, tuple[int, .
         from flax import nnx
 
         _, state = abstract_flax(family, config, np.float32)
-        return {".".join(map(str, path)): tuple(v.value.shape) for path, v in nnx.to_flat_state(state)}
+        return {".".join(map(str, path)): tuple(v.get_value().shape) for path, v in nnx.to_flat_state(state)}
     return {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
 
 
