@@ -1,0 +1,83 @@
+"""The mapping engine on hand-made rules: strict both ways, messages that name the key, the rule and file:line."""
+import textwrap
+
+import pytest
+
+from converter.errors import MappingError
+from converter.mapping import load_mapping, plan, target_path
+
+RULES = """
+family: toy
+targets:
+  flax:
+    - name: conv-kernel
+      match: '(blocks\\.\\d+\\.conv)\\.weight'
+      to: '{1}.kernel'
+      transpose: [2, 3, 1, 0]
+    - name: any-bias
+      match: '(.+)\\.bias'
+      to: '{1}.bias'
+"""
+
+
+def _mapping(tmp_path, text=RULES):
+    path = tmp_path / "toy.yaml"
+    path.write_text(textwrap.dedent(text))
+    return load_mapping(path)
+
+
+def _source(n):
+    out = {}
+    for i in range(n):
+        out[f"blocks.{i}.conv.weight"] = (8, 4, 3, 3)
+        out[f"blocks.{i}.conv.bias"] = (8,)
+    return out
+
+
+def _targets(n):
+    out = {}
+    for i in range(n):
+        out[f"blocks.{i}.conv.kernel"] = (3, 3, 4, 8)
+        out[f"blocks.{i}.conv.bias"] = (8,)
+    return out
+
+
+def test_indices_past_ten_pair_by_index_not_sort_order(tmp_path):
+    assignments = plan(_mapping(tmp_path), "flax", _source(12), _targets(12))
+    pairs = {a.source_key: a.target_key for a in assignments}
+    assert pairs["blocks.10.conv.weight"] == "blocks.10.conv.kernel"
+    assert pairs["blocks.2.conv.weight"] == "blocks.2.conv.kernel"
+    assert target_path("blocks.10.conv.kernel") == ("blocks", 10, "conv", "kernel")
+
+
+def test_key_matched_by_two_rules_names_both(tmp_path):
+    text = RULES + """    - name: greedy
+      match: 'blocks\\.0\\.conv\\.bias'
+      to: 'blocks.0.conv.bias'
+"""
+    with pytest.raises(MappingError) as err:
+        plan(_mapping(tmp_path, text), "flax", _source(1), _targets(1))
+    message = str(err.value)
+    assert "'blocks.0.conv.bias' is matched by 2 rules" in message
+    assert "any-bias (" in message and "greedy (" in message and "toy.yaml:" in message
+
+
+def test_missing_transpose_is_a_shape_mismatch(tmp_path):
+    text = RULES.replace("      transpose: [2, 3, 1, 0]\n", "")
+    with pytest.raises(MappingError, match=r"shape mismatch for 'blocks.0.conv.weight'.*expected \[3, 3, 4, 8\]"):
+        plan(_mapping(tmp_path, text), "flax", _source(1), _targets(1))
+
+
+def test_unfilled_and_unknown_leaves(tmp_path):
+    targets = _targets(2)
+    with pytest.raises(MappingError, match=r"'blocks.1.conv.kernel' is filled by no source key"):
+        plan(_mapping(tmp_path), "flax", _source(1), targets)
+    with pytest.raises(MappingError, match=r"maps to 'blocks.2.conv.kernel'.*does not have"):
+        plan(_mapping(tmp_path), "flax", _source(3), targets)
+
+
+def test_yaml_errors_name_file_and_line(tmp_path):
+    with pytest.raises(MappingError, match=r"toy.yaml:\d+: YAML syntax error"):
+        _mapping(tmp_path, RULES + "    - name: [unclosed\n")
+    with pytest.raises(MappingError, match=r"toy.yaml:5: unknown rule field\(s\): transpos\b"):
+        _mapping(tmp_path, RULES.replace("transpose:", "transpos:"))

@@ -1,0 +1,62 @@
+"""Source resolution against real huggingface_hub code, offline, on a cache laid out as huggingface_hub lays it
+out; and bf16 sources converted without a detour through float32."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import numpy as np
+import torch
+
+from converter.errors import InputError
+from converter.safetensors_io import SafetensorsFile
+from tests.conftest import WAN_SMALL, manifest, run_cli, save_diffusers_wan
+
+REPO_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"  # the registry's repo for `wan2.1`
+
+
+def _hub_cache(cache, vae_folder, commit="0123456789abcdef0123456789abcdef01234567"):
+    """models--org--name/{refs/main, blobs/<hash>, snapshots/<commit>/vae/<file> -> blob}."""
+    repo = cache / ("models--" + REPO_ID.replace("/", "--"))
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    (repo / "blobs").mkdir()
+    snapshot = repo / "snapshots" / commit / "vae"
+    snapshot.mkdir(parents=True)
+    for file in vae_folder.iterdir():
+        data = file.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
+    return commit
+
+
+def test_registry_model_resolves_from_the_hub_cache_offline(wan_small, tmp_path, monkeypatch):
+    source, _ = wan_small
+    commit = _hub_cache(tmp_path / "hub", source)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    run_cli("wan2.1", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+    assert manifest(tmp_path / "out")["source"] == {
+        "origin": REPO_ID, "files": ["diffusion_pytorch_model.safetensors"], "revision": commit}
+
+
+def test_offline_with_nothing_cached(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    result = run_cli("wan2.1", "--to", "flax", "--out", tmp_path / "out", "--offline", check=False)
+    assert result.returncode == InputError.exit_code
+    assert "not in the local Hugging Face cache" in result.stderr and not (tmp_path / "out").exists()
+
+
+def test_bf16_source_stays_bf16_bit_for_bit(tmp_path):
+    model = save_diffusers_wan(tmp_path / "vae", WAN_SMALL)
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "vae-bf16")
+    result = run_cli("wan2.1", "--source", tmp_path / "vae-bf16", "--to", "flax", "--format", "safetensors",
+                     "--out", tmp_path / "out")
+    assert "auto -> bfloat16" in result.stderr
+    source = SafetensorsFile(tmp_path / "vae-bf16" / "diffusion_pytorch_model.safetensors")
+    out = SafetensorsFile(tmp_path / "out" / "flax_model.safetensors")
+    kernel = out["encoder.down_blocks.10.conv1.kernel"]
+    assert kernel.dtype.name == "bfloat16"
+    expected = source["encoder.down_blocks.10.conv1.weight"].transpose(2, 3, 4, 1, 0)
+    assert np.array_equal(kernel.view(np.uint16), expected.view(np.uint16))
