@@ -148,20 +148,31 @@ class Assignment:
     rule: Rule
 
 
-def plan(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes: dict[str, tuple]) -> list[Assignment]:
-    """Pairs every source key with its target leaf, or raises MappingError listing every problem found."""
+@dataclasses.dataclass
+class Match:
+    """The outcome of applying a mapping section: what pairs up, what does not, and how often each rule hit."""
+
+    assignments: list[Assignment]
+    problems: list[str]
+    hits: dict[Rule, int]
+
+
+def match_keys(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes: dict[str, tuple]) -> Match:
     rules = mapping.rules(target)
     problems, assignments, filled_by = [], [], {}
+    hits = dict.fromkeys(rules, 0)
     for key in source:
-        hits = [(rule, m) for rule in rules if (m := rule.pattern.fullmatch(key))]
-        if not hits:
+        found = [(rule, m) for rule in rules if (m := rule.pattern.fullmatch(key))]
+        for rule, _ in found:
+            hits[rule] += 1
+        if not found:
             problems.append(f"source key {key!r} is matched by no rule of {mapping.path.name} [{target}]")
             continue
-        if len(hits) > 1:
-            names = "; ".join(f"{r.name} ({r.where})" for r, _ in hits)
-            problems.append(f"source key {key!r} is matched by {len(hits)} rules: {names}")
+        if len(found) > 1:
+            names = "; ".join(f"{r.name} ({r.where})" for r, _ in found)
+            problems.append(f"source key {key!r} is matched by {len(found)} rules: {names}")
             continue
-        rule, match = hits[0]
+        rule, match = found[0]
         target_key = rule.target_key(match)
         if target_key not in target_shapes:
             problems.append(f"source key {key!r} maps to {target_key!r} ({rule.where}), which the {target} model "
@@ -184,10 +195,17 @@ def plan(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes:
         assignments.append(Assignment(key, target_key, rule))
     problems += [f"target leaf {k!r} is filled by no source key (missing from the checkpoint?)"
                  for k in target_shapes if k not in filled_by]
-    if problems:
+    return Match(assignments, problems, hits)
+
+
+def plan(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes: dict[str, tuple]) -> list[Assignment]:
+    """Pairs every source key with its target leaf, or raises MappingError listing every problem found."""
+    result = match_keys(mapping, target, source, target_shapes)
+    if result.problems:
+        problems = result.problems
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
         raise MappingError(f"{len(problems)} mapping problem(s): " + " | ".join(shown))
-    return assignments
+    return result.assignments
 
 
 def target_path(key: str) -> tuple:

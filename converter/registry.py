@@ -24,6 +24,8 @@ class Family:
     # (config) -> shapes of the validation inputs, channels-first: latent (B, z, T, H, W), video (B, C, T, H, W)
     sample_latent_shape: Callable
     sample_video_shape: Callable
+    # Extra configs `check-mappings` proves the rules against, beside the registered models' own.
+    check_configs: tuple[tuple[str, dict], ...] = ()
 
     @property
     def mapping_path(self):
@@ -44,6 +46,7 @@ class ModelEntry:
     repo_id: str
     subfolder: str
     revision: str = "main"
+    config: dict = dataclasses.field(default_factory=dict)  # what differs from the family's defaults
 
 
 WAN21 = Family(
@@ -55,6 +58,11 @@ WAN21 = Family(
     mapping_file="wan2.1.yaml",
     sample_latent_shape=lambda c: (1, c.z_dim, 3, 8, 8),
     sample_video_shape=lambda c: (1, c.in_channels, 5, 32, 32),
+    check_configs=(
+        # attention in the encoder's down blocks, 3 levels, 1 res block, other temporal downsampling, own decoder width
+        ("wan2.1-variant", dict(base_dim=8, decoder_base_dim=12, z_dim=8, dim_mult=[1, 2, 2], num_res_blocks=1,
+                                attn_scales=[1.0], temperal_downsample=[True, False])),
+    ),
 )
 
 FAMILIES = {f.name: f for f in (WAN21,)}
@@ -62,6 +70,11 @@ FAMILIES = {f.name: f for f in (WAN21,)}
 MODELS = {m.name: m for m in (
     ModelEntry("wan2.1", WAN21, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "vae"),
 )}
+
+
+def configs_to_check(family: Family) -> list[tuple[str, dict]]:
+    """Every config a family's mapping must hold for: each registered model's, then the family's extra ones."""
+    return [(m.name, m.config) for m in MODELS.values() if m.family is family] + list(family.check_configs)
 
 
 def get_model(name: str) -> ModelEntry:

@@ -48,7 +48,7 @@ class SourceWeights:
 @dataclasses.dataclass
 class Source:
     weight_files: list[Path]
-    config: dict
+    config: dict | None
     origin: str  # what the user named: a path or a repo id
     revision: str | None = None  # the resolved Hub commit
 
@@ -74,7 +74,10 @@ def resolve(entry: ModelEntry, source: str | None, revision: str | None, offline
         return _from_hub(entry, entry.repo_id, entry.subfolder, revision or entry.revision, offline)
     path = Path(source).expanduser()
     if path.exists():
-        return _from_path(path)
+        resolved = _from_path(path)
+        if resolved.config is None:  # a lone weights file: the registry model's config
+            resolved.config = dict(entry.config)
+        return resolved
     if REPO_ID.match(source):
         repo_id, _, at_revision = source.partition("@")
         return _from_hub(entry, repo_id, entry.subfolder, revision or at_revision or "main", offline)
@@ -111,10 +114,10 @@ def _from_path(path: Path) -> Source:
     return Source(files, _read_config(folder / "config.json"), str(path))
 
 
-def _config_beside(path: Path) -> dict:
-    """A lone weights file takes the config.json beside it, else the registry model's defaults."""
+def _config_beside(path: Path) -> dict | None:
+    """A lone weights file takes the config.json beside it, if there is one."""
     beside = path.parent / "config.json"
-    return _read_config(beside) if beside.exists() else {}
+    return _read_config(beside) if beside.exists() else None
 
 
 def _shards(index_path: Path) -> list[Path]:

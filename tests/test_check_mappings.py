@@ -1,0 +1,109 @@
+"""`vae-convert check-mappings` on the real mapping (clean) and on broken copies of it, one per error class: each
+must exit non-zero and name the offending key or rule with file:line."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from click.testing import CliRunner
+
+from converter.cli import cli
+from converter.errors import MappingError
+from converter.mapping import MAPPINGS_DIR
+
+REAL = (MAPPINGS_DIR / "wan2.1.yaml").read_text()
+
+
+def _check(tmp_path, text, *args):
+    path = tmp_path / "wan2.1.yaml"
+    path.write_text(text)
+    result = CliRunner().invoke(cli, ["check-mappings", str(path), *args])
+    return path, result
+
+
+def _line_of(text, needle):
+    return next(i for i, line in enumerate(text.splitlines(), 1) if needle in line)
+
+
+def test_real_mappings_are_clean_in_text_and_json():
+    result = CliRunner().invoke(cli, ["check-mappings"])
+    assert result.exit_code == 0, result.output
+    assert "all mappings clean" in result.output and "causal-conv3d-kernel" in result.output
+    result = CliRunner().invoke(cli, ["check-mappings", "--json"])
+    report = json.loads(result.output)
+    assert report["ok"] and result.exit_code == 0
+    flax = next(t for m in report["mappings"] for t in m["targets"] if t["target"] == "flax")
+    assert set(flax["configs"]) >= {"wan2.1", "wan2.1-variant"}
+    assert all(sum(rule["hits"].values()) > 0 for rule in flax["rules"])
+
+
+def test_key_matched_by_no_rule(tmp_path):
+    broken = re.sub(r"    - name: rms-norm-gamma\n(.*\n){3}", "", REAL, count=1)  # drop the flax gamma rule
+    _, result = _check(tmp_path, broken, "--target", "flax")
+    assert result.exit_code == MappingError.exit_code
+    assert re.search(r"source key 'encoder\.down_blocks\.\d+\.norm1\.gamma' is matched by no rule", result.output)
+
+
+def test_key_matched_by_two_rules(tmp_path):
+    extra = "    - name: duplicate-gamma\n      match: 'decoder\\.norm_out\\.gamma'\n      to: 'decoder.norm_out.gamma'\n"
+    broken = REAL.replace("  torchax:\n", extra + "\n  torchax:\n")
+    path, result = _check(tmp_path, broken, "--target", "flax")
+    assert result.exit_code == MappingError.exit_code
+    assert "'decoder.norm_out.gamma' is matched by 2 rules" in result.output
+    assert f"duplicate-gamma ({path}:{_line_of(broken, 'duplicate-gamma')})" in result.output
+    assert f"rms-norm-gamma ({path}:" in result.output
+
+
+def test_leaf_unfilled_and_unknown_target(tmp_path):
+    broken = REAL.replace("to: '{1}.gamma'", "to: '{1}.scale'")
+    _, result = _check(tmp_path, broken, "--target", "flax")
+    assert result.exit_code == MappingError.exit_code
+    assert "'decoder.norm_out.gamma' is filled by no source key" in result.output
+    assert "maps to 'decoder.norm_out.scale'" in result.output
+
+
+def test_leaf_filled_twice(tmp_path):
+    broken = REAL.replace("      match: '(.+\\.resample)\\.1\\.bias'\n      to: '{1}.bias'",
+                          "      match: '(.+\\.resample)\\.1\\.bias'\n      to: 'decoder.conv_out.bias'")
+    assert broken != REAL
+    _, result = _check(tmp_path, broken, "--target", "flax")
+    assert result.exit_code == MappingError.exit_code
+    assert "target leaf 'decoder.conv_out.bias' is filled twice" in result.output
+
+
+def test_shape_mismatch_names_key_expected_and_got(tmp_path):
+    broken = REAL.replace("      transpose: [2, 3, 4, 1, 0]          # (O, I, T, H, W) -> (T, H, W, I, O)\n", "")
+    assert broken != REAL
+    path, result = _check(tmp_path, broken, "--target", "flax")
+    assert result.exit_code == MappingError.exit_code
+    line = _line_of(broken, "name: causal-conv3d-kernel")
+    assert re.search(rf"shape mismatch for 'decoder\.conv_in\.weight' -> 'decoder\.conv_in\.kernel': expected "
+                     rf"\[3, 3, 3, 16, 384\], got \[384, 16, 3, 3, 3\].*\({re.escape(str(path))}:{line}\)",
+                     result.output)
+
+
+def test_dead_rule(tmp_path):
+    extra = "    - name: never-used\n      match: 'encoder\\.legacy\\.weight'\n      to: 'encoder.legacy.kernel'\n"
+    broken = REAL.replace("  torchax:\n", extra + "\n  torchax:\n")
+    path, result = _check(tmp_path, broken, "--target", "flax", "--json")
+    assert result.exit_code == MappingError.exit_code
+    report = json.loads(result.output)
+    assert not report["ok"]
+    flax = report["mappings"][0]["targets"][0]
+    assert flax["problems"] == [f"rule 'never-used' ({path}:{_line_of(broken, 'never-used')}) matches nothing for "
+                                f"any registered config"]
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda t: t.replace("      to: '{1}.kernel'\n", "      to: '{1}.kernel\n", 1), "YAML syntax error"),
+    (lambda t: t.replace("transpose: [2, 3, 1, 0]", "tranpose: [2, 3, 1, 0]"), "unknown rule field(s): tranpose"),
+    (lambda t: t.replace("reshape: [-1]", "reshape: minus-one"), "reshape takes a list of integers"),
+])
+def test_malformed_file_names_file_and_line(tmp_path, edit, message):
+    broken = edit(REAL)
+    assert broken != REAL
+    path, result = _check(tmp_path, broken)
+    assert result.exit_code == MappingError.exit_code
+    assert message in result.output
+    assert re.search(rf"{re.escape(str(path))}:\d+", result.output)
