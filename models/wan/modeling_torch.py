@@ -10,12 +10,11 @@ reference) and on JAX through torchax. What differs from diffusers, for the sake
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from models.wan.config import WanVAEConfig
 
 CACHE_T = 2
@@ -229,32 +228,6 @@ class WanDecoder3d(nn.Module):
         x, new["up_blocks"] = _run_layers(self.up_blocks, x, cache.get("up_blocks"))
         x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
-
-
-class DiagonalGaussianDistribution:
-    """The posterior diffusers' `encode(x).latent_dist` returns: mean and clamped log-variance over channels."""
-
-    def __init__(self, parameters: torch.Tensor):
-        self.mean, logvar = parameters.chunk(2, dim=1)
-        self.logvar = logvar.clamp(-30.0, 20.0)
-        self.std = torch.exp(0.5 * self.logvar)
-
-    def mode(self):
-        return self.mean
-
-    def sample(self, generator=None):
-        noise = torch.randn(self.mean.shape, generator=generator, dtype=self.mean.dtype).to(self.mean.device)
-        return self.mean + self.std * noise
-
-
-@dataclasses.dataclass
-class EncoderOutput:
-    latent_dist: DiagonalGaussianDistribution
-
-
-@dataclasses.dataclass
-class DecoderOutput:
-    sample: torch.Tensor
 
 
 class AutoencoderKLWan(nn.Module):

@@ -1,0 +1,1 @@
+"""CogVideoX video VAE (diffusers' AutoencoderKLCogVideoX) in Flax NNX and in PyTorch for torchax."""

@@ -1,0 +1,65 @@
+"""The CogVideoX VAE configuration, read from a diffusers `config.json`; shared by both implementations."""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from converter.errors import InputError
+
+
+@dataclasses.dataclass(frozen=True)
+class CogVideoXVAEConfig:
+    """Fields and defaults as in diffusers' `AutoencoderKLCogVideoX.__init__`."""
+
+    in_channels: int = 3
+    out_channels: int = 3
+    down_block_types: tuple[str, ...] = ("CogVideoXDownBlock3D",) * 4
+    up_block_types: tuple[str, ...] = ("CogVideoXUpBlock3D",) * 4
+    block_out_channels: tuple[int, ...] = (128, 256, 256, 512)
+    latent_channels: int = 16
+    layers_per_block: int = 3
+    act_fn: str = "silu"
+    norm_eps: float = 1e-6
+    norm_num_groups: int = 32
+    temporal_compression_ratio: float = 4
+    sample_height: int = 480
+    sample_width: int = 720
+    scaling_factor: float = 1.15258426
+    shift_factor: float | None = None
+    latents_mean: tuple[float, ...] | None = None
+    latents_std: tuple[float, ...] | None = None
+    force_upcast: float = True
+    use_quant_conv: bool = False
+    use_post_quant_conv: bool = False
+    invert_scale_latents: bool = False
+
+    class_name = "AutoencoderKLCogVideoX"
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "CogVideoXVAEConfig":
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(k for k in raw if k not in known and not k.startswith("_"))
+        if unknown:
+            raise InputError(f"config.json has fields AutoencoderKLCogVideoX does not take: {', '.join(unknown)}")
+        config = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known})
+        if config.act_fn not in ("silu", "swish"):
+            raise InputError(f"config.json: act_fn {config.act_fn!r} is not supported (silu only)")
+        if set(config.down_block_types) != {"CogVideoXDownBlock3D"} or \
+                set(config.up_block_types) != {"CogVideoXUpBlock3D"}:
+            raise InputError("config.json: only CogVideoXDownBlock3D / CogVideoXUpBlock3D blocks exist")
+        if not len(config.down_block_types) == len(config.up_block_types) == len(config.block_out_channels):
+            raise InputError("config.json: down_block_types, up_block_types and block_out_channels differ in length")
+        if any(c % config.norm_num_groups for c in config.block_out_channels):
+            raise InputError("config.json: norm_num_groups must divide every block_out_channels entry")
+        return config
+
+    def to_dict(self) -> dict:
+        out = {"_class_name": self.class_name}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    @property
+    def temporal_compress_level(self) -> int:
+        return int(math.log2(self.temporal_compression_ratio))

@@ -1,0 +1,316 @@
+"""CogVideoX video VAE (diffusers' `AutoencoderKLCogVideoX`) in PyTorch, channels-first, written to run under torchax.
+
+Parameter names and shapes are diffusers' own, so `AutoencoderKLCogVideoX.from_pretrained` reads what this model
+saves, and `encode(x).latent_dist` / `decode(z).sample` behave the same. Differences from diffusers:
+- No `CogVideoXSafeConv3d` chunking: it splits convs over time to save GPU memory, which XLA handles itself.
+- GroupNorm runs as one JAX function when the input is a torchax tensor (one pass for mean and variance, statistics
+  in float32 whatever the input dtype); in plain PyTorch it is `F.group_norm` on float32.
+- encoder/decoder steps take and return the conv cache explicitly (as diffusers' already do), so torchax can jit them.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from models.cogvideox.config import CogVideoXVAEConfig
+from models.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
+
+
+def _jax_group_norm(x, weight, bias, num_groups, eps):
+    """GroupNorm over (C/G, T, H, W) of each group, channels-first; statistics in float32, one pass."""
+    import jax.numpy as jnp
+
+    b, c = x.shape[:2]
+    grouped = x.reshape(b, num_groups, -1).astype(jnp.float32)
+    mean = grouped.mean(axis=-1, keepdims=True)
+    var = jnp.maximum((grouped * grouped).mean(axis=-1, keepdims=True) - mean * mean, 0.0)
+    normalized = ((grouped - mean) * jnp.reciprocal(jnp.sqrt(var + eps))).reshape(x.shape)
+    shape = (1, c) + (1,) * (x.ndim - 2)
+    out = normalized * weight.astype(jnp.float32).reshape(shape) + bias.astype(jnp.float32).reshape(shape)
+    return out.astype(x.dtype)
+
+
+class GroupNorm(nn.GroupNorm):
+    """nn.GroupNorm (same parameters), computed in float32, and as one JAX function under torchax."""
+
+    def forward(self, x):
+        if type(x).__module__.startswith("torchax"):
+            from torchax import interop
+
+            return interop.call_jax(_jax_group_norm, x, self.weight, self.bias, self.num_groups, self.eps)
+        return F.group_norm(x.float(), self.num_groups, self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
+
+
+class CogVideoXCausalConv3d(nn.Module):
+    """Conv3d padded causally in time: the cached last k-1 input frames, or the first frame repeated on the first
+    chunk; spatial padding is zeros. Returns (output, new cache)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1):
+        super().__init__()
+        kernel_size = (kernel_size,) * 3 if isinstance(kernel_size, int) else kernel_size
+        self.time_kernel_size = kernel_size[0]
+        pad = ((kernel_size[1] - 1) // 2, (kernel_size[2] - 1) // 2)
+        self.conv = nn.Conv3d(in_channels, out_channels, kernel_size, stride=(stride, 1, 1), padding=(0, *pad))
+
+    def forward(self, x, cache=None):
+        if self.time_kernel_size == 1:
+            return self.conv(x), None
+        history = cache if cache is not None else x[:, :, :1].repeat(1, 1, self.time_kernel_size - 1, 1, 1)
+        x = torch.cat([history, x], dim=2)
+        return self.conv(x), x[:, :, -self.time_kernel_size + 1:]
+
+
+def _nearest_indices(in_size: int, out_size: int) -> torch.Tensor:
+    """Source indices of PyTorch's 'nearest' resize (floor(dst * in/out) in float32)."""
+    scale = torch.tensor(in_size / out_size, dtype=torch.float32)
+    return torch.clamp(torch.floor(torch.arange(out_size, dtype=torch.float32) * scale).long(), max=in_size - 1)
+
+
+def _resize_nearest(x, size):
+    """F.interpolate(x, size, mode='nearest') over (T, H, W), as index gathers (which torchax lowers simply)."""
+    for axis, out_size in zip((2, 3, 4), size):
+        if x.shape[axis] != out_size:
+            x = x.index_select(axis, _nearest_indices(x.shape[axis], out_size).to(x.device))
+    return x
+
+
+class CogVideoXSpatialNorm3D(nn.Module):
+    """GroupNorm of f, modulated by convs of the latent zq resized to f (the first frame on its own if f has an odd
+    number of frames > 1)."""
+
+    def __init__(self, f_channels, zq_channels, groups=32):
+        super().__init__()
+        self.norm_layer = GroupNorm(num_channels=f_channels, num_groups=groups, eps=1e-6, affine=True)
+        self.conv_y = CogVideoXCausalConv3d(zq_channels, f_channels, kernel_size=1)
+        self.conv_b = CogVideoXCausalConv3d(zq_channels, f_channels, kernel_size=1)
+
+    def forward(self, f, zq):
+        if f.shape[2] > 1 and f.shape[2] % 2 == 1:
+            zq = torch.cat([_resize_nearest(zq[:, :, :1], (1, *f.shape[3:])),
+                            _resize_nearest(zq[:, :, 1:], (f.shape[2] - 1, *f.shape[3:]))], dim=2)
+        else:
+            zq = _resize_nearest(zq, f.shape[2:])
+        return self.norm_layer(f) * self.conv_y(zq)[0] + self.conv_b(zq)[0]
+
+
+class CogVideoXResnetBlock3D(nn.Module):
+    def __init__(self, in_channels, out_channels, groups, eps, spatial_norm_dim=None):
+        super().__init__()
+        self.in_channels, self.out_channels = in_channels, out_channels
+        if spatial_norm_dim is None:
+            self.norm1 = GroupNorm(num_channels=in_channels, num_groups=groups, eps=eps)
+            self.norm2 = GroupNorm(num_channels=out_channels, num_groups=groups, eps=eps)
+        else:
+            self.norm1 = CogVideoXSpatialNorm3D(in_channels, spatial_norm_dim, groups)
+            self.norm2 = CogVideoXSpatialNorm3D(out_channels, spatial_norm_dim, groups)
+        self.conv1 = CogVideoXCausalConv3d(in_channels, out_channels, kernel_size=3)
+        self.conv2 = CogVideoXCausalConv3d(out_channels, out_channels, kernel_size=3)
+        if in_channels != out_channels:
+            self.conv_shortcut = nn.Conv3d(in_channels, out_channels, kernel_size=1)
+
+    def _norm(self, norm, x, zq):
+        return norm(x) if zq is None else norm(x, zq)
+
+    def forward(self, x, zq=None, cache=None):
+        cache = cache or {}
+        new = {}
+        h = F.silu(self._norm(self.norm1, x, zq))
+        h, new["conv1"] = self.conv1(h, cache.get("conv1"))
+        h = F.silu(self._norm(self.norm2, h, zq))
+        h, new["conv2"] = self.conv2(h, cache.get("conv2"))
+        if self.in_channels != self.out_channels:
+            x = self.conv_shortcut(x)
+        return h + x, new
+
+
+def _compress_time_pool(x):
+    """Average pairs of frames; with an odd count the first frame stays as it is. (B, C, T, H, W)."""
+    t = x.shape[2]
+    first, rest = (x[:, :, :1], x[:, :, 1:]) if t % 2 == 1 else (x[:, :, :0], x)
+    b, c, r, h, w = rest.shape
+    pooled = rest.reshape(b, c, r // 2, 2, h, w).mean(dim=3)
+    return torch.cat([first, pooled], dim=2)
+
+
+class CogVideoXDownsample3D(nn.Module):
+    def __init__(self, in_channels, out_channels, compress_time=False):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=2, padding=0)
+        self.compress_time = compress_time
+
+    def forward(self, x):
+        if self.compress_time and x.shape[2] > 1:
+            x = _compress_time_pool(x)
+        x = F.pad(x, (0, 1, 0, 1))
+        b, c, t, h, w = x.shape
+        x = self.conv(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+        return x.reshape(b, t, *x.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+class CogVideoXUpsample3D(nn.Module):
+    def __init__(self, in_channels, out_channels, compress_time=False):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=1, padding=1)
+        self.compress_time = compress_time
+
+    def forward(self, x):
+        x = x.repeat_interleave(2, dim=3).repeat_interleave(2, dim=4)  # nearest x2 in H, W
+        t = x.shape[2]
+        if self.compress_time and t > 1:  # nearest x2 in time; with an odd count the first frame is not doubled
+            first, rest = (x[:, :, :1], x[:, :, 1:]) if t % 2 == 1 else (x[:, :, :0], x)
+            x = torch.cat([first, rest.repeat_interleave(2, dim=2)], dim=2)
+        b, c, t, h, w = x.shape
+        x = self.conv(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+        return x.reshape(b, t, *x.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+def _run_resnets(resnets, x, zq, cache):
+    cache = cache or {}
+    new = {}
+    for i, resnet in enumerate(resnets):
+        x, new[f"resnet_{i}"] = resnet(x, zq, cache.get(f"resnet_{i}"))
+    return x, new
+
+
+class CogVideoXDownBlock3D(nn.Module):
+    def __init__(self, in_channels, out_channels, num_layers, groups, eps, add_downsample, compress_time):
+        super().__init__()
+        self.resnets = nn.ModuleList([CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels,
+                                                             groups, eps) for i in range(num_layers)])
+        self.downsamplers = nn.ModuleList(
+            [CogVideoXDownsample3D(out_channels, out_channels, compress_time)] if add_downsample else [])
+
+    def forward(self, x, cache=None):
+        x, new = _run_resnets(self.resnets, x, None, cache)
+        for downsampler in self.downsamplers:
+            x = downsampler(x)
+        return x, new
+
+
+class CogVideoXMidBlock3D(nn.Module):
+    def __init__(self, channels, num_layers, groups, eps, spatial_norm_dim=None):
+        super().__init__()
+        self.resnets = nn.ModuleList([CogVideoXResnetBlock3D(channels, channels, groups, eps, spatial_norm_dim)
+                                      for _ in range(num_layers)])
+
+    def forward(self, x, zq=None, cache=None):
+        return _run_resnets(self.resnets, x, zq, cache)
+
+
+class CogVideoXUpBlock3D(nn.Module):
+    def __init__(self, in_channels, out_channels, num_layers, groups, eps, spatial_norm_dim, add_upsample,
+                 compress_time):
+        super().__init__()
+        self.resnets = nn.ModuleList([CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels,
+                                                             groups, eps, spatial_norm_dim)
+                                      for i in range(num_layers)])
+        self.upsamplers = nn.ModuleList(
+            [CogVideoXUpsample3D(out_channels, out_channels, compress_time)] if add_upsample else [])
+
+    def forward(self, x, zq, cache=None):
+        x, new = _run_resnets(self.resnets, x, zq, cache)
+        for upsampler in self.upsamplers:
+            x = upsampler(x)
+        return x, new
+
+
+class CogVideoXEncoder3D(nn.Module):
+    def __init__(self, config: CogVideoXVAEConfig):
+        super().__init__()
+        channels, groups, eps = config.block_out_channels, config.norm_num_groups, config.norm_eps
+        self.conv_in = CogVideoXCausalConv3d(config.in_channels, channels[0], kernel_size=3)
+        self.down_blocks = nn.ModuleList()
+        output_channel = channels[0]
+        for i in range(len(config.down_block_types)):
+            input_channel, output_channel = output_channel, channels[i]
+            self.down_blocks.append(CogVideoXDownBlock3D(
+                input_channel, output_channel, config.layers_per_block, groups, eps,
+                add_downsample=i != len(channels) - 1, compress_time=i < config.temporal_compress_level))
+        self.mid_block = CogVideoXMidBlock3D(channels[-1], 2, groups, eps)
+        self.norm_out = GroupNorm(groups, channels[-1], eps=1e-6)
+        self.conv_out = CogVideoXCausalConv3d(channels[-1], 2 * config.latent_channels, kernel_size=3)
+
+    def forward(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
+        for i, down_block in enumerate(self.down_blocks):
+            x, new[f"down_block_{i}"] = down_block(x, cache.get(f"down_block_{i}"))
+        x, new["mid_block"] = self.mid_block(x, None, cache.get("mid_block"))
+        x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x)), cache.get("conv_out"))
+        return x, new
+
+
+class CogVideoXDecoder3D(nn.Module):
+    def __init__(self, config: CogVideoXVAEConfig):
+        super().__init__()
+        channels = list(reversed(config.block_out_channels))
+        groups, eps, z = config.norm_num_groups, config.norm_eps, config.latent_channels
+        self.conv_in = CogVideoXCausalConv3d(z, channels[0], kernel_size=3)
+        self.mid_block = CogVideoXMidBlock3D(channels[0], 2, groups, eps, spatial_norm_dim=z)
+        self.up_blocks = nn.ModuleList()
+        output_channel = channels[0]
+        for i in range(len(config.up_block_types)):
+            prev_output_channel, output_channel = output_channel, channels[i]
+            self.up_blocks.append(CogVideoXUpBlock3D(
+                prev_output_channel, output_channel, config.layers_per_block + 1, groups, eps, z,
+                add_upsample=i != len(channels) - 1, compress_time=i < config.temporal_compress_level))
+        self.norm_out = CogVideoXSpatialNorm3D(channels[-1], z, groups=groups)
+        self.conv_out = CogVideoXCausalConv3d(channels[-1], config.out_channels, kernel_size=3)
+
+    def forward(self, z, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["conv_in"] = self.conv_in(z, cache.get("conv_in"))
+        x, new["mid_block"] = self.mid_block(x, z, cache.get("mid_block"))
+        for i, up_block in enumerate(self.up_blocks):
+            x, new[f"up_block_{i}"] = up_block(x, z, cache.get(f"up_block_{i}"))
+        x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x, z)), cache.get("conv_out"))
+        return x, new
+
+
+def frame_batches(num_frames: int, batch: int) -> list[tuple[int, int]]:
+    """diffusers' frame batching: batches of `batch` frames, the remainder folded into the first one."""
+    remainder = num_frames % batch
+    return [(0 if i == 0 else batch * i + remainder, batch * (i + 1) + remainder)
+            for i in range(max(num_frames // batch, 1))]
+
+
+class AutoencoderKLCogVideoX(nn.Module):
+    num_latent_frames_batch_size = 2
+    num_sample_frames_batch_size = 8
+
+    def __init__(self, config: CogVideoXVAEConfig):
+        super().__init__()
+        self.config = config
+        self.encoder = CogVideoXEncoder3D(config)
+        self.decoder = CogVideoXDecoder3D(config)
+        # diffusers sizes these from out_channels (not latent_channels); kept so its checkpoints load as they are.
+        self.quant_conv = nn.Conv3d(2 * config.out_channels, 2 * config.out_channels, 1) \
+            if config.use_quant_conv else None
+        self.post_quant_conv = nn.Conv3d(config.out_channels, config.out_channels, 1) \
+            if config.use_post_quant_conv else None
+
+    def run_step(self, block: nn.Module, x, cache):
+        """One encoder/decoder frame batch. The torchax runtime replaces this with a compiled step."""
+        return block(x, cache)
+
+    def encode(self, x: torch.Tensor) -> EncoderOutput:
+        """(B, C, T, H, W) video, in batches of 8 frames (the remainder joins the first batch)."""
+        outs, cache = [], None
+        for start, end in frame_batches(x.shape[2], self.num_sample_frames_batch_size):
+            out, cache = self.run_step(self.encoder, x[:, :, start:end], cache)
+            outs.append(self.quant_conv(out) if self.quant_conv is not None else out)
+        return EncoderOutput(DiagonalGaussianDistribution(torch.cat(outs, dim=2)))
+
+    def decode(self, z: torch.Tensor) -> DecoderOutput:
+        """(B, latent_channels, T, H, W) latents, in batches of 2 latent frames (the remainder joins the first)."""
+        outs, cache = [], None
+        for start, end in frame_batches(z.shape[2], self.num_latent_frames_batch_size):
+            chunk = z[:, :, start:end]
+            if self.post_quant_conv is not None:
+                chunk = self.post_quant_conv(chunk)
+            out, cache = self.run_step(self.decoder, chunk, cache)
+            outs.append(out)
+        return DecoderOutput(torch.cat(outs, dim=2))
