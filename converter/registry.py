@@ -65,10 +65,34 @@ WAN21 = Family(
     ),
 )
 
-FAMILIES = {f.name: f for f in (WAN21,)}
+COGVIDEOX = Family(
+    name="cogvideox",
+    class_name="AutoencoderKLCogVideoX",
+    config_cls="models.cogvideox.config:CogVideoXVAEConfig",
+    flax_cls="models.cogvideox.modeling_flax:AutoencoderKLCogVideoX",
+    torch_cls="models.cogvideox.modeling_torch:AutoencoderKLCogVideoX",
+    mapping_file="cogvideox.yaml",
+    # 3 latent frames: one batch with an odd count (the first frame's own path in spatial norms and upsampling)
+    sample_latent_shape=lambda c: (1, c.latent_channels, 3, 8, 8),
+    sample_video_shape=lambda c: (1, c.in_channels, 9, 32, 32),
+    check_configs=(
+        # 2 levels, 1 layer per block, time compressed once, quant convs on (diffusers sizes them from out_channels)
+        ("cogvideox-variant", dict(block_out_channels=[16, 32], down_block_types=["CogVideoXDownBlock3D"] * 2,
+                                   up_block_types=["CogVideoXUpBlock3D"] * 2, layers_per_block=1, latent_channels=3,
+                                   temporal_compression_ratio=2, norm_num_groups=4, use_quant_conv=True,
+                                   use_post_quant_conv=True)),
+    ),
+)
+
+FAMILIES = {f.name: f for f in (WAN21, COGVIDEOX)}
 
 MODELS = {m.name: m for m in (
     ModelEntry("wan2.1", WAN21, "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "vae"),
+    # The three CogVideoX VAEs share an architecture; they differ in how the pipeline scales latents.
+    ModelEntry("cogvideox-2b", COGVIDEOX, "THUDM/CogVideoX-2b", "vae", config=dict(scaling_factor=1.15258426)),
+    ModelEntry("cogvideox-5b", COGVIDEOX, "THUDM/CogVideoX-5b", "vae", config=dict(scaling_factor=0.7)),
+    ModelEntry("cogvideox1.5-5b", COGVIDEOX, "THUDM/CogVideoX1.5-5B", "vae",
+               config=dict(scaling_factor=0.7, invert_scale_latents=True)),
 )}
 
 

@@ -13,14 +13,15 @@ from converter.registry import ModelEntry
 from converter.safetensors_io import SafetensorsWriter
 from converter.sources import WEIGHTS_NAME
 
-SMALL = {"wan2.1": {"base_dim": 16, "z_dim": 4, "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4}}
+SMALL = {"wan2.1": {"base_dim": 16, "z_dim": 4, "latents_mean": [0.0] * 4, "latents_std": [1.0] * 4},
+         "cogvideox": {"block_out_channels": [16, 32, 32, 64], "norm_num_groups": 8, "latent_channels": 4}}
 
 
 def write_sample(entry: ModelEntry, out: Path, small: bool, seed: int = 0) -> int:
     import torch
 
     family = entry.family
-    config = family.config_from_dict(SMALL[family.name] if small else {})
+    config = family.config_from_dict({**entry.config, **(SMALL[family.name] if small else {})})
     torch.manual_seed(seed)
     state = family.load("torch_cls")(config).state_dict()
     out.mkdir(parents=True, exist_ok=False)

@@ -81,5 +81,4 @@ def to_jax_tensor(model: torch.nn.Module, array) -> torch.Tensor:
 def to_numpy(tensor: torch.Tensor):
     import numpy as np
 
-    torchax = import_torchax()
-    return np.asarray(torchax.tensor.t2j(tensor) if hasattr(torchax.tensor, "t2j") else tensor.jax())
+    return np.asarray(tensor.jax())

@@ -68,33 +68,52 @@ def reference_outputs(family, config, source_weights, dtype, latent, video) -> d
                 "encode.mean": posterior.mean.numpy(), "encode.logvar": posterior.logvar.numpy()}
 
 
-def flax_outputs(model, latent, video) -> dict[str, np.ndarray]:
-    """Runs the Flax model channels-last on channels-first inputs; returns channels-first outputs."""
-    import jax.numpy as jnp
+class FlaxRunner:
+    """The Flax model, channels-last, driven with channels-first arrays (as the reference takes them)."""
 
     to_last, to_first = (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)
-    mean, logvar = model.encode(jnp.asarray(video.transpose(to_last)))
-    decoded = model.decode(jnp.asarray(latent.transpose(to_last)))
-    return {"decode": np.asarray(decoded).transpose(to_first), "encode.mean": np.asarray(mean).transpose(to_first),
-            "encode.logvar": np.asarray(logvar).transpose(to_first)}
+
+    def __init__(self, model):
+        self.model = model
+
+    def decode(self, latent: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model.decode(latent.transpose(self.to_last))).transpose(self.to_first)
+
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mean, logvar = self.model.encode(video.transpose(self.to_last))
+        return np.asarray(mean).transpose(self.to_first), np.asarray(logvar).transpose(self.to_first)
 
 
-def torchax_outputs(model, latent, video) -> dict[str, np.ndarray]:
-    """Runs the PyTorch model on JAX through torchax, each encoder/decoder step jitted, in float32."""
-    import torch
+class TorchaxRunner:
+    """The PyTorch model on JAX through torchax, each encoder/decoder step jitted, in float32."""
 
-    from converter import torchax_runtime
+    def __init__(self, model):
+        from converter import torchax_runtime
 
-    model = torchax_runtime.compile_model(model.float().eval())
-    with torch.no_grad(), model.torchax_env:
-        posterior = model.encode(torchax_runtime.to_jax_tensor(model, video)).latent_dist
-        decoded = model.decode(torchax_runtime.to_jax_tensor(model, latent)).sample
-        outs = {"decode": decoded, "encode.mean": posterior.mean, "encode.logvar": posterior.logvar}
-        return {k: torchax_runtime.to_numpy(v) for k, v in outs.items()}
+        self.rt = torchax_runtime
+        self.model = torchax_runtime.compile_model(model.float().eval())
+
+    def decode(self, latent: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.no_grad(), self.model.torchax_env:
+            return self.rt.to_numpy(self.model.decode(self.rt.to_jax_tensor(self.model, latent)).sample)
+
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        with torch.no_grad(), self.model.torchax_env:
+            dist = self.model.encode(self.rt.to_jax_tensor(self.model, video)).latent_dist
+            return self.rt.to_numpy(dist.mean), self.rt.to_numpy(dist.logvar)
+
+
+RUNNERS = {"flax": FlaxRunner, "torchax": TorchaxRunner}
 
 
 def run(family, config, target, model, source_weights, dtype) -> list[Check]:
     latent, video = sample_inputs(family, config)
     expected = reference_outputs(family, config, source_weights, dtype, latent, video)
-    got = (flax_outputs if target == "flax" else torchax_outputs)(model, latent, video)
+    runner = RUNNERS[target](model)
+    mean, logvar = runner.encode(video)
+    got = {"decode": runner.decode(latent), "encode.mean": mean, "encode.logvar": logvar}
     return [compare(name, got[name], expected[name]) for name in expected]

@@ -12,11 +12,15 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 
-# Small widths keep many frame counts affordable; num_res_blocks=2 gives the encoder 11 down_blocks entries, so
-# list indices >= 10 occur (a converter that sorts keys as strings puts "10" before "2" and fails here).
+# Small widths keep many frame counts affordable. Wan's default architecture has num_res_blocks=2, which gives the
+# encoder 11 down_blocks entries, so list indices >= 10 occur (a converter that sorts keys as strings fails there).
 WAN_SMALL = dict(base_dim=8, z_dim=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4)
 WAN_OTHER = dict(base_dim=8, decoder_base_dim=12, z_dim=8, dim_mult=[1, 2, 2], num_res_blocks=1,
                  temperal_downsample=[True, False], latents_mean=[0.0] * 8, latents_std=[1.0] * 8)
+COG_SMALL = dict(block_out_channels=[16, 32, 32, 64], norm_num_groups=8, latent_channels=4)
+COG_OTHER = dict(block_out_channels=[16, 32], down_block_types=["CogVideoXDownBlock3D"] * 2,
+                 up_block_types=["CogVideoXUpBlock3D"] * 2, layers_per_block=1, latent_channels=3,
+                 temporal_compression_ratio=2, norm_num_groups=4, use_quant_conv=True, use_post_quant_conv=True)
 
 
 def run_cli(*args, check=True, **kwargs) -> subprocess.CompletedProcess:
@@ -30,22 +34,20 @@ def run_cli(*args, check=True, **kwargs) -> subprocess.CompletedProcess:
     return result
 
 
-def randomize(model: torch.nn.Module, seed: int = 0):
-    """Perturbs every parameter (gammas and biases too, so a mapping that misplaces them shows), and scales the
-    decoder's last conv so decoded values stay inside diffusers' [-1, 1] clamp instead of saturating."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=generator))
-        model.decoder.conv_out.weight.mul_(0.1)
-    return model
-
-
-def save_diffusers_wan(path: Path, config: dict, seed: int = 0):
-    from diffusers import AutoencoderKLWan
+def save_diffusers(class_name: str, path: Path, config: dict, seed: int = 0) -> torch.nn.Module:
+    """A diffusers VAE with every parameter perturbed (norms and biases too, so a mapping that misplaces them shows),
+    saved with diffusers' own `save_pretrained`."""
+    import diffusers
 
     torch.manual_seed(seed)
-    model = randomize(AutoencoderKLWan(**config).eval(), seed)
+    model = getattr(diffusers, class_name)(**config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=generator))
+        if class_name == "AutoencoderKLWan":
+            # keep decoded values inside Wan's [-1, 1] clamp, where a wrong value cannot hide behind saturation
+            model.decoder.conv_out.weight.mul_(0.1)
     model.save_pretrained(path)
     return model
 
@@ -53,13 +55,7 @@ def save_diffusers_wan(path: Path, config: dict, seed: int = 0):
 @pytest.fixture(scope="session")
 def wan_small(tmp_path_factory):
     path = tmp_path_factory.mktemp("wan_small") / "vae"
-    return path, save_diffusers_wan(path, WAN_SMALL)
-
-
-@pytest.fixture(scope="session")
-def wan_other(tmp_path_factory):
-    path = tmp_path_factory.mktemp("wan_other") / "vae"
-    return path, save_diffusers_wan(path, WAN_OTHER, seed=1)
+    return path, save_diffusers("AutoencoderKLWan", path, WAN_SMALL)
 
 
 def manifest(out: Path) -> dict:

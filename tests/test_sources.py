@@ -10,7 +10,7 @@ import torch
 
 from converter.errors import InputError
 from converter.safetensors_io import SafetensorsFile
-from tests.conftest import WAN_SMALL, manifest, run_cli, save_diffusers_wan
+from tests.conftest import WAN_SMALL, manifest, run_cli, save_diffusers
 
 REPO_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"  # the registry's repo for `wan2.1`
 
@@ -49,7 +49,7 @@ def test_offline_with_nothing_cached(tmp_path, monkeypatch):
 
 
 def test_bf16_source_stays_bf16_bit_for_bit(tmp_path):
-    model = save_diffusers_wan(tmp_path / "vae", WAN_SMALL)
+    model = save_diffusers("AutoencoderKLWan", tmp_path / "vae", WAN_SMALL)
     model.to(torch.bfloat16).save_pretrained(tmp_path / "vae-bf16")
     result = run_cli("wan2.1", "--source", tmp_path / "vae-bf16", "--to", "flax", "--format", "safetensors",
                      "--out", tmp_path / "out")

@@ -63,3 +63,10 @@ class CogVideoXVAEConfig:
     @property
     def temporal_compress_level(self) -> int:
         return int(math.log2(self.temporal_compression_ratio))
+
+
+def frame_batches(num_frames: int, batch: int) -> list[tuple[int, int]]:
+    """diffusers' frame batching: batches of `batch` frames, the remainder folded into the first one."""
+    remainder = num_frames % batch
+    return [(0 if i == 0 else batch * i + remainder, batch * (i + 1) + remainder)
+            for i in range(max(num_frames // batch, 1))]

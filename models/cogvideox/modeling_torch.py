@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.cogvideox.config import CogVideoXVAEConfig
+from models.cogvideox.config import CogVideoXVAEConfig, frame_batches
 from models.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 
 
@@ -268,13 +268,6 @@ class CogVideoXDecoder3D(nn.Module):
             x, new[f"up_block_{i}"] = up_block(x, z, cache.get(f"up_block_{i}"))
         x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x, z)), cache.get("conv_out"))
         return x, new
-
-
-def frame_batches(num_frames: int, batch: int) -> list[tuple[int, int]]:
-    """diffusers' frame batching: batches of `batch` frames, the remainder folded into the first one."""
-    remainder = num_frames % batch
-    return [(0 if i == 0 else batch * i + remainder, batch * (i + 1) + remainder)
-            for i in range(max(num_frames // batch, 1))]
 
 
 class AutoencoderKLCogVideoX(nn.Module):

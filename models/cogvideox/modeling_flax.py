@@ -1,0 +1,297 @@
+"""CogVideoX video VAE (diffusers' `AutoencoderKLCogVideoX`) in Flax NNX, channels-last: videos are (B, T, H, W, C).
+
+Read it beside diffusers' `autoencoder_kl_cogvideox.py`: modules carry the same names (nnx's `kernel`/`scale` where
+PyTorch says `weight`). As in diffusers, every encoder/decoder step takes the conv cache and returns the new one, so
+a step is a pure function `jax.jit` compiles once per frame-batch shape (the first batch may hold the remainder).
+GroupNorm statistics span the frames of one batch, exactly as diffusers computes them, so batching is part of the
+numerics, not only of memory use.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.cogvideox.config import CogVideoXVAEConfig, frame_batches
+
+
+class GroupNorm(nnx.Module):
+    """PyTorch's GroupNorm on channels-last input: groups are contiguous channel ranges; statistics over
+    (T, H, W, C/G) in float32."""
+
+    def __init__(self, num_groups, num_channels, eps, *, param_dtype):
+        self.num_groups, self.eps = num_groups, eps
+        self.scale = nnx.Param(jnp.ones((num_channels,), param_dtype))
+        self.bias = nnx.Param(jnp.zeros((num_channels,), param_dtype))
+
+    def __call__(self, x):
+        b, *spatial, c = x.shape
+        grouped = x.reshape(b, -1, self.num_groups, c // self.num_groups).astype(jnp.float32)
+        mean = grouped.mean(axis=(1, 3), keepdims=True)
+        var = jnp.square(grouped - mean).mean(axis=(1, 3), keepdims=True)
+        normalized = ((grouped - mean) * jax.lax.rsqrt(var + self.eps)).reshape(x.shape)
+        return (normalized * self.scale[...] + self.bias[...]).astype(x.dtype)
+
+
+class CogVideoXCausalConv3d(nnx.Module):
+    """Conv3d padded causally in time: the cached last k-1 input frames, or the first frame repeated on the first
+    chunk; spatial padding is zeros. Returns (output, new cache)."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, *, rngs, param_dtype):
+        kernel_size = (kernel_size,) * 3 if isinstance(kernel_size, int) else tuple(kernel_size)
+        self.time_kernel_size = kernel_size[0]
+        pad_h, pad_w = (kernel_size[1] - 1) // 2, (kernel_size[2] - 1) // 2
+        self.conv = nnx.Conv(in_channels, out_channels, kernel_size, padding=((0, 0), (pad_h, pad_h), (pad_w, pad_w)),
+                             rngs=rngs, param_dtype=param_dtype)
+
+    def __call__(self, x, cache=None):
+        if self.time_kernel_size == 1:
+            return self.conv(x), None
+        history = cache if cache is not None else jnp.repeat(x[:, :1], self.time_kernel_size - 1, axis=1)
+        x = jnp.concatenate([history, x], axis=1)
+        return self.conv(x), x[:, -self.time_kernel_size + 1:]
+
+
+def _nearest_indices(in_size: int, out_size: int) -> np.ndarray:
+    """Source indices of PyTorch's 'nearest' resize: floor(dst * in/out) computed in float32, clamped."""
+    scale = np.float32(in_size / out_size)
+    return np.minimum(np.floor(np.arange(out_size, dtype=np.float32) * scale).astype(np.int32), in_size - 1)
+
+
+def _resize_nearest(x, size):
+    """F.interpolate(mode='nearest') over (T, H, W) of a (B, T, H, W, C) tensor, as static gathers."""
+    for axis, out_size in zip((1, 2, 3), size):
+        if x.shape[axis] != out_size:
+            x = jnp.take(x, _nearest_indices(x.shape[axis], out_size), axis=axis)
+    return x
+
+
+class CogVideoXSpatialNorm3D(nnx.Module):
+    def __init__(self, f_channels, zq_channels, groups, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.norm_layer = GroupNorm(groups, f_channels, 1e-6, param_dtype=param_dtype)
+        self.conv_y = CogVideoXCausalConv3d(zq_channels, f_channels, 1, **kw)
+        self.conv_b = CogVideoXCausalConv3d(zq_channels, f_channels, 1, **kw)
+
+    def __call__(self, f, zq):
+        t, h, w = f.shape[1:4]
+        if t > 1 and t % 2 == 1:  # the first frame is resized on its own
+            zq = jnp.concatenate([_resize_nearest(zq[:, :1], (1, h, w)), _resize_nearest(zq[:, 1:], (t - 1, h, w))],
+                                 axis=1)
+        else:
+            zq = _resize_nearest(zq, (t, h, w))
+        return self.norm_layer(f) * self.conv_y(zq)[0] + self.conv_b(zq)[0]
+
+
+class CogVideoXResnetBlock3D(nnx.Module):
+    def __init__(self, in_channels, out_channels, groups, eps, spatial_norm_dim=None, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        if spatial_norm_dim is None:
+            self.norm1 = GroupNorm(groups, in_channels, eps, param_dtype=param_dtype)
+            self.norm2 = GroupNorm(groups, out_channels, eps, param_dtype=param_dtype)
+        else:
+            self.norm1 = CogVideoXSpatialNorm3D(in_channels, spatial_norm_dim, groups, **kw)
+            self.norm2 = CogVideoXSpatialNorm3D(out_channels, spatial_norm_dim, groups, **kw)
+        self.conv1 = CogVideoXCausalConv3d(in_channels, out_channels, 3, **kw)
+        self.conv2 = CogVideoXCausalConv3d(out_channels, out_channels, 3, **kw)
+        self.conv_shortcut = nnx.Conv(in_channels, out_channels, (1, 1, 1), **kw) \
+            if in_channels != out_channels else None
+
+    def __call__(self, x, zq=None, cache=None):
+        cache = cache or {}
+        new = {}
+        norm = (lambda layer, h: layer(h)) if zq is None else (lambda layer, h: layer(h, zq))
+        h, new["conv1"] = self.conv1(nnx.silu(norm(self.norm1, x)), cache.get("conv1"))
+        h, new["conv2"] = self.conv2(nnx.silu(norm(self.norm2, h)), cache.get("conv2"))
+        return h + (x if self.conv_shortcut is None else self.conv_shortcut(x)), new
+
+
+def _compress_time_pool(x):
+    """Average pairs of frames; with an odd count the first frame stays as it is. (B, T, H, W, C)."""
+    b, t, h, w, c = x.shape
+    first, rest = (x[:, :1], x[:, 1:]) if t % 2 == 1 else (x[:, :0], x)
+    pooled = rest.reshape(b, rest.shape[1] // 2, 2, h, w, c).mean(axis=2)
+    return jnp.concatenate([first, pooled], axis=1)
+
+
+class CogVideoXDownsample3D(nnx.Module):
+    def __init__(self, in_channels, out_channels, compress_time, *, rngs, param_dtype):
+        # diffusers pads (0, 1, 0, 1) with zeros, then a 3x3 stride-2 conv applied frame by frame
+        self.conv = nnx.Conv(in_channels, out_channels, (3, 3), strides=(2, 2), padding=((0, 1), (0, 1)),
+                             rngs=rngs, param_dtype=param_dtype)
+        self.compress_time = compress_time
+
+    def __call__(self, x):
+        if self.compress_time and x.shape[1] > 1:
+            x = _compress_time_pool(x)
+        return self.conv(x)
+
+
+class CogVideoXUpsample3D(nnx.Module):
+    def __init__(self, in_channels, out_channels, compress_time, *, rngs, param_dtype):
+        self.conv = nnx.Conv(in_channels, out_channels, (3, 3), padding=((1, 1), (1, 1)), rngs=rngs,
+                             param_dtype=param_dtype)
+        self.compress_time = compress_time
+
+    def __call__(self, x):
+        x = jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)  # nearest x2 in H, W
+        t = x.shape[1]
+        if self.compress_time and t > 1:  # nearest x2 in time; with an odd count the first frame is not doubled
+            first, rest = (x[:, :1], x[:, 1:]) if t % 2 == 1 else (x[:, :0], x)
+            x = jnp.concatenate([first, jnp.repeat(rest, 2, axis=1)], axis=1)
+        return self.conv(x)
+
+
+def _run_resnets(resnets, x, zq, cache):
+    cache = cache or {}
+    new = {}
+    for i, resnet in enumerate(resnets):
+        x, new[f"resnet_{i}"] = resnet(x, zq, cache.get(f"resnet_{i}"))
+    return x, new
+
+
+class CogVideoXDownBlock3D(nnx.Module):
+    def __init__(self, in_channels, out_channels, num_layers, groups, eps, add_downsample, compress_time, *, rngs,
+                 param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.resnets = nnx.List([CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels,
+                                                        groups, eps, **kw) for i in range(num_layers)])
+        self.downsamplers = nnx.List(
+            [CogVideoXDownsample3D(out_channels, out_channels, compress_time, **kw)] if add_downsample else [])
+
+    def __call__(self, x, cache=None):
+        x, new = _run_resnets(self.resnets, x, None, cache)
+        for downsampler in self.downsamplers:
+            x = downsampler(x)
+        return x, new
+
+
+class CogVideoXMidBlock3D(nnx.Module):
+    def __init__(self, channels, num_layers, groups, eps, spatial_norm_dim=None, *, rngs, param_dtype):
+        self.resnets = nnx.List([CogVideoXResnetBlock3D(channels, channels, groups, eps, spatial_norm_dim,
+                                                        rngs=rngs, param_dtype=param_dtype)
+                                 for _ in range(num_layers)])
+
+    def __call__(self, x, zq=None, cache=None):
+        return _run_resnets(self.resnets, x, zq, cache)
+
+
+class CogVideoXUpBlock3D(nnx.Module):
+    def __init__(self, in_channels, out_channels, num_layers, groups, eps, spatial_norm_dim, add_upsample,
+                 compress_time, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.resnets = nnx.List([CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels,
+                                                        groups, eps, spatial_norm_dim, **kw)
+                                 for i in range(num_layers)])
+        self.upsamplers = nnx.List(
+            [CogVideoXUpsample3D(out_channels, out_channels, compress_time, **kw)] if add_upsample else [])
+
+    def __call__(self, x, zq, cache=None):
+        x, new = _run_resnets(self.resnets, x, zq, cache)
+        for upsampler in self.upsamplers:
+            x = upsampler(x)
+        return x, new
+
+
+class CogVideoXEncoder3D(nnx.Module):
+    def __init__(self, config: CogVideoXVAEConfig, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        channels, groups, eps = config.block_out_channels, config.norm_num_groups, config.norm_eps
+        self.conv_in = CogVideoXCausalConv3d(config.in_channels, channels[0], 3, **kw)
+        down_blocks, output_channel = [], channels[0]
+        for i in range(len(config.down_block_types)):
+            input_channel, output_channel = output_channel, channels[i]
+            down_blocks.append(CogVideoXDownBlock3D(
+                input_channel, output_channel, config.layers_per_block, groups, eps,
+                add_downsample=i != len(channels) - 1, compress_time=i < config.temporal_compress_level, **kw))
+        self.down_blocks = nnx.List(down_blocks)
+        self.mid_block = CogVideoXMidBlock3D(channels[-1], 2, groups, eps, **kw)
+        self.norm_out = GroupNorm(groups, channels[-1], 1e-6, param_dtype=param_dtype)
+        self.conv_out = CogVideoXCausalConv3d(channels[-1], 2 * config.latent_channels, 3, **kw)
+
+    def __call__(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
+        for i, down_block in enumerate(self.down_blocks):
+            x, new[f"down_block_{i}"] = down_block(x, cache.get(f"down_block_{i}"))
+        x, new["mid_block"] = self.mid_block(x, None, cache.get("mid_block"))
+        x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x)), cache.get("conv_out"))
+        return x, new
+
+
+class CogVideoXDecoder3D(nnx.Module):
+    def __init__(self, config: CogVideoXVAEConfig, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        channels = list(reversed(config.block_out_channels))
+        groups, eps, z = config.norm_num_groups, config.norm_eps, config.latent_channels
+        self.conv_in = CogVideoXCausalConv3d(z, channels[0], 3, **kw)
+        self.mid_block = CogVideoXMidBlock3D(channels[0], 2, groups, eps, spatial_norm_dim=z, **kw)
+        up_blocks, output_channel = [], channels[0]
+        for i in range(len(config.up_block_types)):
+            prev_output_channel, output_channel = output_channel, channels[i]
+            up_blocks.append(CogVideoXUpBlock3D(
+                prev_output_channel, output_channel, config.layers_per_block + 1, groups, eps, z,
+                add_upsample=i != len(channels) - 1, compress_time=i < config.temporal_compress_level, **kw))
+        self.up_blocks = nnx.List(up_blocks)
+        self.norm_out = CogVideoXSpatialNorm3D(channels[-1], z, groups, **kw)
+        self.conv_out = CogVideoXCausalConv3d(channels[-1], config.out_channels, 3, **kw)
+
+    def __call__(self, z, cache=None):
+        cache = cache or {}
+        new = {}
+        x, new["conv_in"] = self.conv_in(z, cache.get("conv_in"))
+        x, new["mid_block"] = self.mid_block(x, z, cache.get("mid_block"))
+        for i, up_block in enumerate(self.up_blocks):
+            x, new[f"up_block_{i}"] = up_block(x, z, cache.get(f"up_block_{i}"))
+        x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x, z)), cache.get("conv_out"))
+        return x, new
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _step(graphdef, part, state, x, cache):
+    """One frame batch through the encoder (with quant_conv) or decoder (after post_quant_conv)."""
+    model = nnx.merge(graphdef, state)
+    if part == "decoder" and model.post_quant_conv is not None:
+        x = model.post_quant_conv(x)
+    x, cache = getattr(model, part)(x, cache)
+    if part == "encoder" and model.quant_conv is not None:
+        x = model.quant_conv(x)
+    return x, cache
+
+
+class AutoencoderKLCogVideoX(nnx.Module):
+    num_latent_frames_batch_size = 2
+    num_sample_frames_batch_size = 8
+
+    def __init__(self, config: CogVideoXVAEConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.config = config
+        self.encoder = CogVideoXEncoder3D(config, **kw)
+        self.decoder = CogVideoXDecoder3D(config, **kw)
+        # diffusers sizes these from out_channels (not latent_channels); kept so its checkpoints convert as they are.
+        quant = 2 * config.out_channels
+        self.quant_conv = nnx.Conv(quant, quant, (1, 1, 1), **kw) if config.use_quant_conv else None
+        self.post_quant_conv = nnx.Conv(config.out_channels, config.out_channels, (1, 1, 1), **kw) \
+            if config.use_post_quant_conv else None
+
+    def _run(self, part, x, batch):
+        graphdef, state = nnx.split(self)
+        outs, cache = [], None
+        for start, end in frame_batches(x.shape[1], batch):
+            out, cache = _step(graphdef, part, state, x[:, start:end], cache)
+            outs.append(out)
+        return jnp.concatenate(outs, axis=1)
+
+    def encode(self, x):
+        """(B, T, H, W, C) video -> (mean, logvar), in batches of 8 frames (the remainder joins the first)."""
+        mean, logvar = jnp.split(self._run("encoder", x, self.num_sample_frames_batch_size), 2, axis=-1)
+        return mean, jnp.clip(logvar, -30.0, 20.0)
+
+    def decode(self, z):
+        """(B, T, H, W, latent_channels) -> video, in batches of 2 latent frames (the remainder joins the first).
+        Not clipped: diffusers does not clip CogVideoX's output."""
+        return self._run("decoder", z, self.num_latent_frames_batch_size)
