@@ -19,13 +19,17 @@ from models.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderO
 
 def _jax_group_norm(x, weight, bias, num_groups, eps):
     """GroupNorm over (C/G, T, H, W) of each group, channels-first; statistics in float32, one pass."""
+    import jax
     import jax.numpy as jnp
 
     b, c = x.shape[:2]
     grouped = x.reshape(b, num_groups, -1).astype(jnp.float32)
-    mean = grouped.mean(axis=-1, keepdims=True)
-    var = jnp.maximum((grouped * grouped).mean(axis=-1, keepdims=True) - mean * mean, 0.0)
-    normalized = ((grouped - mean) * jnp.reciprocal(jnp.sqrt(var + eps))).reshape(x.shape)
+    # Both moments in one pass over the data, taken around each group's first value so that E[d^2] - E[d]^2 does
+    # not cancel when the mean is large next to the spread.
+    shifted = grouped - grouped[..., :1]
+    shifted_mean = shifted.mean(axis=-1, keepdims=True)
+    var = jnp.maximum((shifted * shifted).mean(axis=-1, keepdims=True) - shifted_mean * shifted_mean, 0.0)
+    normalized = ((shifted - shifted_mean) * jax.lax.rsqrt(var + eps)).reshape(x.shape)
     shape = (1, c) + (1,) * (x.ndim - 2)
     out = normalized * weight.astype(jnp.float32).reshape(shape) + bias.astype(jnp.float32).reshape(shape)
     return out.astype(x.dtype)
