@@ -2,6 +2,7 @@
 other subcommands: `sample`."""
 from __future__ import annotations
 
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -48,13 +49,18 @@ def cli():
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (also HF_HUB_OFFLINE=1).")
 @click.option("--no-validate", "skip_validation", is_flag=True, help="Skip the decode/encode check.")
 @click.option("--force", is_flag=True, help="Replace an existing --out (only once the new output is complete).")
+@click.option("--keep-invalid", is_flag=True, help="Keep an output that fails validation (the exit code still says so).")
+@click.option("--allow-nonfinite", is_flag=True, help="Convert weights that hold NaN or Inf instead of refusing.")
+@click.option("--mapping", "mapping_file", type=click.Path(path_type=Path, dir_okay=False),
+              help="Use this mapping file instead of the family's (for developing mappings).")
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
-def convert(model, target, out, source, revision, fmt, dtype, offline, skip_validation, force, verbose):
+def convert(model, target, out, source, revision, fmt, dtype, offline, skip_validation, force, keep_invalid,
+            allow_nonfinite, mapping_file, verbose):
     """Convert MODEL's VAE (see `vae-convert --help` for names) to --to's weights at --out."""
     from converter.convert import Request, convert as run
 
     request = Request(get_model(model), source, revision, offline, target, fmt, dtype, out, force,
-                      not skip_validation)
+                      not skip_validation, mapping_file, allow_nonfinite, keep_invalid)
     summary = _guarded(lambda: run(request), verbose)
     checks = f", validation {sum(c.ok for c in summary.checks)}/{len(summary.checks)} ✓" if summary.checks else \
         ", not validated"
@@ -119,5 +125,11 @@ def _fail(message: str, code: int):
     sys.exit(code)
 
 
+def _terminate(signum, frame):
+    # SIGTERM unwinds like Ctrl-C, so the work folder is removed on the way out.
+    raise KeyboardInterrupt
+
+
 def main():
+    signal.signal(signal.SIGTERM, _terminate)
     cli()

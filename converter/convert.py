@@ -35,6 +35,9 @@ class Request:
     out: Path
     force: bool
     validate: bool
+    mapping_file: Path | None = None  # another mapping file than the family's (for mapping development)
+    allow_nonfinite: bool = False
+    keep_invalid: bool = False
 
 
 @dataclasses.dataclass
@@ -78,6 +81,61 @@ def choose_dtype(requested: str, weights: sources.SourceWeights) -> np.dtype:
     return dtype
 
 
+def check_weights_fit_config(family, config, weights: sources.SourceWeights):
+    """The checkpoint against the PyTorch model its config describes (diffusers' names and shapes). A mismatch here
+    is bad input (wrong config, wrong family, damaged checkpoint), told apart from mapping bugs found later."""
+    expected = {k: tuple(v.shape) for k, v in targets.meta_torch(family, config).state_dict().items()}
+    unexpected = [k for k in weights.specs if k not in expected]
+    missing = [k for k in expected if k not in weights.specs]
+    wrong = [k for k in expected if k in weights.specs and tuple(weights.specs[k][0]) != expected[k]]
+    other = _looks_like(family, list(weights.specs)) if unexpected else None
+    if other is not None:
+        raise InputError(f"this checkpoint looks like a {other.name} VAE ({other.class_name}), not "
+                         f"{family.class_name}: try `vae-convert {other.name}`")
+    problems = []
+    if unexpected:
+        problems.append(f"{len(unexpected)} key(s) {family.class_name} does not have: {_first(unexpected)}")
+    if missing:
+        problems.append(f"{len(missing)} key(s) missing from the checkpoint: {_first(missing)}")
+    if wrong:
+        k = wrong[0]
+        problems.append(f"config.json and the weights disagree on {len(wrong)} shape(s), e.g. {k!r} is "
+                        f"{list(weights.specs[k][0])} in the checkpoint, the config implies {list(expected[k])}")
+    if problems:
+        raise InputError("; ".join(problems))
+
+
+def _first(keys: list[str], n: int = 3) -> str:
+    return ", ".join(repr(k) for k in keys[:n]) + (", ..." if len(keys) > n else "")
+
+
+def _looks_like(family, keys: list[str]):
+    """Another family whose mapping rules claim (nearly) every key, or None."""
+    for other in FAMILIES.values():
+        if other is family:
+            continue
+        rules = mapping.load_mapping(other.mapping_path).rules("torchax")
+        claimed = sum(any(r.pattern.fullmatch(k) for r in rules) for k in keys)
+        if claimed >= 0.9 * len(keys):
+            return other
+    return None
+
+
+def check_values(key: str, source: np.ndarray, converted: np.ndarray, allow_nonfinite: bool):
+    """Refuses NaN/Inf in the weights, and a dtype that cannot hold them (overflow to inf)."""
+    if np.isfinite(converted).all():
+        return
+    source_finite = np.isfinite(source)
+    if not source_finite.all():
+        if allow_nonfinite:
+            return
+        raise InputError(f"tensor {key!r} holds {int((~source_finite).sum())} NaN/Inf value(s); refusing to convert "
+                         f"(pass --allow-nonfinite to keep them)")
+    peak = float(np.abs(source.astype(np.float32)).max())
+    raise InputError(f"tensor {key!r} has values up to {peak:.4g}, beyond what {converted.dtype.name} holds; choose "
+                     f"another --dtype")
+
+
 def convert(req: Request) -> Summary:
     started = time.monotonic()
     family = req.model.family
@@ -86,6 +144,7 @@ def convert(req: Request) -> Summary:
         raise InputError(f"--format {fmt} is not available for --to {req.target} "
                          f"(choose from {', '.join(targets.FORMATS[req.target])})")
     out = req.out.resolve()
+    recover_interrupted(out)
     if out.exists() and not req.force:
         raise OutputError(f"{out} exists; pass --force to replace it (the old output stays until the new one is done)")
 
@@ -93,62 +152,73 @@ def convert(req: Request) -> Summary:
     weights = sources.SourceWeights.open(source.weight_files)
     check_config_family(req.model, source.config)
     config = family.config_from_dict(source.config)
+    check_weights_fit_config(family, config, weights)
     dtype = choose_dtype(req.dtype, weights)
-    rules = mapping.load_mapping(family.mapping_path)
+    mapping_path = req.mapping_file or family.mapping_path
+    rules = mapping.load_mapping(mapping_path)
     target_shapes = targets.target_shapes(family, config, req.target)
     source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
     assignments = mapping.plan(rules, req.target, source_shapes, target_shapes)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(work, 0o777 & ~umask)  # mkdtemp makes it private; the output should get normal permissions
+    work = _make_work_dir(out)
     try:
         manifest = {
             "tool": "vae-convert", "version": __version__, "family": family.name, "model": req.model.name,
             "target": req.target, "format": fmt, "dtype": dtype.name, "source": source.provenance(),
-            "mapping": {"file": family.mapping_file, "sha256": hashlib.sha256(family.mapping_path.read_bytes())
-                        .hexdigest()},
+            "mapping": {"file": mapping_path.name, "sha256": hashlib.sha256(mapping_path.read_bytes()).hexdigest()},
         }
         specs = {a.target_key: (target_shapes[a.target_key], dtype) for a in assignments}
-        nbytes = _write_weights(work, req.target, fmt, assignments, weights, specs, manifest)
+        nbytes = _write_weights(work, req, fmt, assignments, weights, specs, manifest)
         _write_json(work / "config.json", config.to_dict())
         _write_json(work / MANIFEST, manifest)
-        checks = []
-        if req.validate:
-            _say("validating: decode and encode against the PyTorch reference on the source weights ...")
-            from converter.api import load
-
-            checks = validate.run(family, config, req.target, load(work), weights, dtype)
-            manifest["validation"] = {"rtol": validate.RTOL, "checks": [c.as_dict() for c in checks]}
-            _write_json(work / MANIFEST, manifest)
-            _say("\n".join(c.line() for c in checks))
-            failed = [c for c in checks if not c.ok]
-            if failed:
-                worst = max(failed, key=lambda c: c.max_abs / c.tol)
-                raise ValidationError(f"validation failed for {', '.join(c.name for c in failed)} "
-                                      f"({worst.name}: max |Δ| {worst.max_abs:.2e} > tol {worst.tol:.1e}); "
-                                      f"nothing written to {out}")
+        checks = _validate(req, family, config, weights, dtype, work, manifest, out)
         _move_into_place(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+    failed = [c for c in checks if not c.ok]
+    if failed:  # only reached with --keep-invalid: the output is kept, marked invalid, and the run still fails
+        raise ValidationError(f"{_failure(failed)}; kept at {out} because of --keep-invalid")
     parameters = sum(int(np.prod(shape)) for shape, _ in specs.values())
     return Summary(out, req.target, fmt, dtype.name, len(specs), parameters, nbytes, time.monotonic() - started,
                    checks)
 
 
-def _write_weights(work, target, fmt, assignments, weights, specs, manifest) -> int:
+def _validate(req, family, config, weights, dtype, work, manifest, out) -> list:
+    if not req.validate:
+        return []
+    _say("validating: decode and encode against the PyTorch reference on the source weights ...")
+    from converter.api import load
+
+    checks = validate.run(family, config, req.target, load(work), weights, dtype)
+    manifest["validation"] = {"rtol": validate.RTOL, "ok": all(c.ok for c in checks),
+                              "checks": [c.as_dict() for c in checks]}
+    _write_json(work / MANIFEST, manifest)
+    _say("\n".join(c.line() for c in checks))
+    failed = [c for c in checks if not c.ok]
+    if failed and not req.keep_invalid:
+        raise ValidationError(f"{_failure(failed)}; nothing written to {out} (--keep-invalid keeps it)")
+    return checks
+
+
+def _failure(failed) -> str:
+    worst = max(failed, key=lambda c: c.max_abs / c.tol)
+    return (f"validation failed for {', '.join(c.name for c in failed)} ({worst.name}: max |Δ| {worst.max_abs:.2e} "
+            f"> tol {worst.tol:.1e})")
+
+
+def _write_weights(work, req, fmt, assignments, weights, specs, manifest) -> int:
     import click
 
     metadata = {"vae_convert": json.dumps(manifest)}
     try:
-        writer = targets.open_writer(target, fmt, work, specs, metadata)
+        writer = targets.open_writer(req.target, fmt, work, specs, metadata)
         nbytes = 0
         with click.progressbar(assignments, label="converting", file=None, show_pos=True) as bar:
             for a in bar:
-                array = mapping.apply_ops(a.rule.ops, weights[a.source_key]).astype(specs[a.target_key][1])
+                source = weights[a.source_key]
+                array = mapping.apply_ops(a.rule.ops, source).astype(specs[a.target_key][1])
+                check_values(a.source_key, source, array, req.allow_nonfinite)
                 writer.write(a.target_key, array)
                 nbytes += array.nbytes
         writer.close()
@@ -161,15 +231,65 @@ def _write_json(path: Path, content: dict):
     path.write_text(json.dumps(content, indent=2) + "\n")
 
 
+# Work and backup folders are siblings of --out named with the owner's pid, so a later run can tell a folder
+# of a killed run (pid gone) from one in use, and clean or restore it.
+def _sibling(out: Path, kind: str) -> str:
+    return f".{out.name}.{kind}-"
+
+
+def _make_work_dir(out: Path) -> Path:
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f"{_sibling(out, 'tmp')}{os.getpid()}-", dir=out.parent))
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(work, 0o777 & ~umask)  # mkdtemp makes it private; the output should get normal permissions
+    except OSError as e:
+        raise OutputError(f"cannot create the output next to {out}: {e.strerror or e}") from None
+    return work
+
+
+def _owner_alive(folder: Path, prefix: str) -> bool:
+    pid = folder.name[len(prefix):].split("-", 1)[0]
+    if not pid.isdigit():
+        return True  # not ours to touch
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def recover_interrupted(out: Path):
+    """Cleans up after a run that was killed: its work folder goes; a previous output it had moved aside for
+    --force comes back if the new one never arrived."""
+    if not out.parent.is_dir():
+        return
+    for kind in ("old", "tmp"):
+        prefix = _sibling(out, kind)
+        for folder in sorted(out.parent.glob(prefix + "*")):
+            if _owner_alive(folder, prefix):
+                continue
+            if kind == "old" and (folder / "previous").exists() and not out.exists():
+                os.rename(folder / "previous", out)
+                _say(f"restored the previous output at {out} (a killed --force run had moved it aside)")
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def _move_into_place(work: Path, out: Path):
     """Renames the finished output into place; an old output is only removed once the new one is there."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.rename(out, old / "previous")
-    os.rename(work, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    try:
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f"{_sibling(out, 'old')}{os.getpid()}-", dir=out.parent))
+            os.rename(out, old / "previous")
+        os.rename(work, out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as e:
+        raise OutputError(f"cannot move the output into place at {out}: {e.strerror or e}") from None
 
 
 def read_manifest(path: Path) -> dict:

@@ -57,6 +57,14 @@ class SafetensorsFile:
         self._offsets: dict[str, tuple[int, int]] = {}
         for name, entry in header.items():
             self._check_entry(name, entry, data_size)
+        # Tensors must tile the data area exactly, as the reference implementation requires: no gaps, no overlaps.
+        end = 0
+        for name, (begin, stop) in sorted(self._offsets.items(), key=lambda item: item[1]):
+            if begin != end:
+                raise InputError(f"{self.path}: corrupt header: tensor {name!r} starts at byte {begin}, expected {end}")
+            end = stop
+        if end != data_size:
+            raise InputError(f"{self.path}: corrupt or truncated: tensors end at byte {end}, the data has {data_size}")
 
     def _check_entry(self, name, entry, data_size):
         try:
@@ -69,6 +77,9 @@ class SafetensorsFile:
             raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
         if end > data_size:
             raise InputError(f"{self.path}: truncated (tensor {name!r} ends at byte {end} of {data_size})")
+        if not isinstance(entry["shape"], list) or not isinstance(entry["data_offsets"], list) or \
+                len(entry["data_offsets"]) != 2:
+            raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
         if (end - begin) != int(np.prod(shape)) * dtype.itemsize:
             raise InputError(f"{self.path}: corrupt header: tensor {name!r} has {end - begin} bytes for "
                              f"shape {list(shape)} {entry['dtype']}")

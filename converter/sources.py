@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import re
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -15,34 +17,89 @@ from converter.registry import ModelEntry
 from converter.safetensors_io import SafetensorsFile
 
 WEIGHTS_NAME = "diffusion_pytorch_model.safetensors"
+PICKLE_WEIGHTS_NAME = "diffusion_pytorch_model.bin"
 INDEX_NAME = WEIGHTS_NAME + ".index.json"
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
 
 
+PICKLE_SUFFIXES = (".pth", ".pt", ".bin")
+
+
 @dataclasses.dataclass
 class SourceWeights:
-    """Every tensor of a (possibly sharded) safetensors checkpoint, read lazily from memory maps."""
+    """Every tensor of a checkpoint (safetensors, possibly sharded, or a PyTorch pickle), read lazily."""
 
-    files: list[SafetensorsFile]
     specs: dict[str, tuple[tuple[int, ...], np.dtype]]
-    _owner: dict[str, SafetensorsFile]
+    _read: dict[str, Callable[[], np.ndarray]]
+    _origin: dict[str, str]  # key -> file name
 
     @classmethod
     def open(cls, paths: list[Path]) -> "SourceWeights":
-        files = [SafetensorsFile(p) for p in paths]
-        specs, owner = {}, {}
-        for f in files:
-            for key in f.keys():
-                if key in owner:
-                    raise InputError(f"tensor {key!r} is in both {owner[key].path.name} and {f.path.name}")
-                specs[key], owner[key] = f.specs[key], f
-        return cls(files, specs, owner)
+        specs, read, origin = {}, {}, {}
+        for path in paths:
+            tensors = _pickle_tensors(path) if path.suffix in PICKLE_SUFFIXES else _safetensors_tensors(path)
+            for key, (spec, reader) in tensors.items():
+                if key in origin:
+                    raise InputError(f"tensor {key!r} is in both {origin[key]} and {path.name}")
+                specs[key], read[key], origin[key] = spec, reader, path.name
+        return cls(specs, read, origin)
 
     def __getitem__(self, key: str) -> np.ndarray:
-        return self._owner[key][key]
+        return self._read[key]()
+
+    def file_of(self, key: str) -> str:
+        return self._origin[key]
 
     def floating_dtypes(self) -> set[np.dtype]:
         return {dtype for _, dtype in self.specs.values() if dtype.kind == "f" or dtype.name == "bfloat16"}
+
+
+def _safetensors_tensors(path: Path) -> dict:
+    f = SafetensorsFile(path)
+    return {key: (f.specs[key], functools.partial(f.__getitem__, key)) for key in f.keys()}
+
+
+def _pickle_tensors(path: Path) -> dict:
+    """A PyTorch state_dict pickle, loaded with weights_only=True: a pickle that needs code is refused, never run."""
+    import pickle
+
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip(path))
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{path}: refused: this pickle needs code to load, and only plain tensors are loaded "
+                         f"(weights_only=True); nothing of it was executed ({first[:160]})") from None
+    except (RuntimeError, EOFError, OSError, ValueError) as e:
+        raise InputError(f"{path}: not a readable PyTorch checkpoint ({str(e).splitlines()[0][:160]})") from None
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise InputError(f"{path}: not a state_dict (expected a mapping of names to tensors)")
+    return {key: ((tuple(t.shape), _numpy_dtype(t)), functools.partial(_tensor_to_numpy, t))
+            for key, t in state.items()}
+
+
+def _is_zip(path: Path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"PK\x03\x04"
+
+
+def _numpy_dtype(tensor) -> np.dtype:
+    import ml_dtypes
+    import torch
+
+    return np.dtype(ml_dtypes.bfloat16) if tensor.dtype == torch.bfloat16 else tensor.numpy().dtype
+
+
+def _tensor_to_numpy(tensor) -> np.ndarray:
+    import ml_dtypes
+    import torch
+
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16: reinterpret the bits
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 @dataclasses.dataclass
@@ -98,15 +155,17 @@ def _from_path(path: Path) -> Source:
     if path.is_file():
         if path.name.endswith(".index.json"):
             return Source(_shards(path), _config_beside(path), str(path))
-        if path.suffix != ".safetensors":
-            raise InputError(f"{path}: not a checkpoint this tool reads (expected .safetensors, a sharded index "
-                             f"or a diffusers folder)")
+        if path.suffix != ".safetensors" and path.suffix not in PICKLE_SUFFIXES:
+            raise InputError(f"{path}: not a checkpoint this tool reads (expected .safetensors, .pth/.pt/.bin, a "
+                             f"sharded index or a diffusers folder)")
         return Source([path], _config_beside(path), str(path))
     folder = path / "vae" if not (path / "config.json").exists() and (path / "vae").is_dir() else path
     if (folder / INDEX_NAME).exists():
         files = _shards(folder / INDEX_NAME)
     elif (folder / WEIGHTS_NAME).exists():
         files = [folder / WEIGHTS_NAME]
+    elif (folder / PICKLE_WEIGHTS_NAME).exists():
+        files = [folder / PICKLE_WEIGHTS_NAME]
     else:
         raise InputError(f"{path}: no {WEIGHTS_NAME} (or its index) in this folder or its vae/ subfolder")
     if not (folder / "config.json").exists():
@@ -135,8 +194,8 @@ def _shards(index_path: Path) -> list[Path]:
         absent = sorted(set(weight_map) - set(weights.specs))[:3]
         raise InputError(f"{index_path}: index and shards disagree (in shards only: {extra}; in index only: {absent})")
     for key, name in weight_map.items():
-        if weights._owner[key].path.name != name:
-            raise InputError(f"{index_path}: index puts {key!r} in {name}, but it is in {weights._owner[key].path.name}")
+        if weights.file_of(key) != name:
+            raise InputError(f"{index_path}: index puts {key!r} in {name}, but it is in {weights.file_of(key)}")
     return files
 
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file, save_file
 
-from converter.errors import InputError, MappingError, OutputError
+from converter.errors import InputError, OutputError
 from tests.conftest import manifest, run_cli
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
@@ -41,13 +41,13 @@ def test_unknown_source_key(wan_small, tmp_path):
 
     source = _variant(wan_small, tmp_path, lambda s: s.update({"encoder.extra_block.weight": torch.zeros(2)}))
     _assert_fails_cleanly(["wan2.1", "--source", source, "--to", "flax"], tmp_path / "out",
-                          MappingError.exit_code, "encoder.extra_block.weight", "matched by no rule")
+                          InputError.exit_code, "encoder.extra_block.weight", "AutoencoderKLWan does not have")
 
 
 def test_missing_source_key(wan_small, tmp_path):
     source = _variant(wan_small, tmp_path, lambda s: s.pop("decoder.up_blocks.1.resnets.2.conv2.bias"))
     _assert_fails_cleanly(["wan2.1", "--source", source, "--to", "torchax"], tmp_path / "out",
-                          MappingError.exit_code, "decoder.up_blocks.1.resnets.2.conv2.bias", "filled by no source key")
+                          InputError.exit_code, "decoder.up_blocks.1.resnets.2.conv2.bias", "missing from the checkpoint")
 
 
 def test_shape_mismatch(wan_small, tmp_path):
@@ -56,7 +56,7 @@ def test_shape_mismatch(wan_small, tmp_path):
 
     source = _variant(wan_small, tmp_path, edit)
     _assert_fails_cleanly(["wan2.1", "--source", source, "--to", "flax"], tmp_path / "out",
-                          MappingError.exit_code, "shape mismatch", "encoder.down_blocks.10.conv1.weight")
+                          InputError.exit_code, "disagree", "encoder.down_blocks.10.conv1.weight", "[32, 31, 3, 3, 3]")
 
 
 @pytest.mark.parametrize("content", [b"", b"hello, this is not a checkpoint", b"\xff" * 64])
@@ -74,6 +74,14 @@ def test_truncated_checkpoint(wan_small, tmp_path):
     shutil.copy(source / "config.json", tmp_path / "config.json")
     _assert_fails_cleanly(["wan2.1", "--source", tmp_path / WEIGHTS, "--to", "flax"], tmp_path / "out",
                           InputError.exit_code, "truncated")
+
+
+def test_other_family_weights(wan_small, tmp_path):
+    """A lone weights file of another family (no config to tell): the keys say which family it is."""
+    source, _ = wan_small
+    shutil.copy(source / WEIGHTS, tmp_path / "weights.safetensors")
+    _assert_fails_cleanly(["cogvideox-2b", "--source", tmp_path / "weights.safetensors", "--to", "flax"],
+                          tmp_path / "out", InputError.exit_code, "looks like a wan2.1 VAE", "vae-convert wan2.1")
 
 
 def test_other_family_config(wan_small, tmp_path):
