@@ -58,5 +58,19 @@ def wan_small(tmp_path_factory):
     return path, save_diffusers("AutoencoderKLWan", path, WAN_SMALL)
 
 
+def edited_copy(source: Path, folder: Path, edit) -> Path:
+    """A copy of a diffusers checkpoint folder whose state_dict went through `edit` (a function changing a dict)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, folder)
+    weights = folder / "diffusion_pytorch_model.safetensors"
+    state = load_file(weights)
+    edit(state)
+    save_file(state, weights)
+    return folder
+
+
 def manifest(out: Path) -> dict:
     return json.loads((out / "vae_convert.json").read_text())

@@ -33,8 +33,10 @@ def test_real_mappings_are_clean_in_text_and_json():
     result = CliRunner().invoke(cli, ["check-mappings", "--json"])
     report = json.loads(result.output)
     assert report["ok"] and result.exit_code == 0
-    flax = next(t for m in report["mappings"] for t in m["targets"] if t["target"] == "flax")
-    assert set(flax["configs"]) >= {"wan2.1", "wan2.1-variant"}
+    assert {m["file"].rsplit("/", 1)[1] for m in report["mappings"]} == {"wan2.1.yaml", "cogvideox.yaml"}
+    wan = next(m for m in report["mappings"] if m["file"].endswith("wan2.1.yaml"))
+    flax = next(t for t in wan["targets"] if t["target"] == "flax")
+    assert set(flax["configs"]) == {"wan2.1", "wan2.1-variant"}
     assert all(sum(rule["hits"].values()) > 0 for rule in flax["rules"])
 
 

@@ -5,23 +5,16 @@ import json
 import shutil
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 from converter.errors import InputError, OutputError
-from tests.conftest import manifest, run_cli
+from tests.conftest import edited_copy, manifest, run_cli
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
 def _variant(wan_small, tmp_path, edit):
-    """A copy of the small diffusers checkpoint whose state_dict went through `edit`."""
     source, _ = wan_small
-    folder = tmp_path / "variant"
-    shutil.copytree(source, folder)
-    state = load_file(folder / WEIGHTS)
-    edit(state)
-    save_file(state, folder / WEIGHTS)
-    return folder
+    return edited_copy(source, tmp_path / "variant", edit)
 
 
 def _assert_fails_cleanly(args, out, code, *needles):

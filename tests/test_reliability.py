@@ -3,7 +3,6 @@ intact under --force, and nothing left behind by runs that were interrupted or k
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import resource
@@ -16,12 +15,11 @@ import time
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
 from converter.mapping import MAPPINGS_DIR
 from converter.safetensors_io import SafetensorsFile
-from tests.conftest import REPO, manifest, run_cli
+from tests.conftest import REPO, edited_copy, manifest, run_cli
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -43,12 +41,7 @@ def _only(folder, *names):
 
 def _edited(wan_small, tmp_path, edit):
     source, _ = wan_small
-    folder = tmp_path / "source"
-    shutil.copytree(source, folder)
-    state = load_file(folder / WEIGHTS)
-    edit(state)
-    save_file(state, folder / WEIGHTS)
-    return folder
+    return edited_copy(source, tmp_path / "source", edit)
 
 
 class RunsCode:

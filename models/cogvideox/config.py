@@ -5,10 +5,11 @@ import dataclasses
 import math
 
 from converter.errors import InputError
+from models.config import DiffusersConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class CogVideoXVAEConfig:
+class CogVideoXVAEConfig(DiffusersConfig):
     """Fields and defaults as in diffusers' `AutoencoderKLCogVideoX.__init__`."""
 
     in_channels: int = 3
@@ -35,30 +36,16 @@ class CogVideoXVAEConfig:
 
     class_name = "AutoencoderKLCogVideoX"
 
-    @classmethod
-    def from_dict(cls, raw: dict) -> "CogVideoXVAEConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in raw if k not in known and not k.startswith("_"))
-        if unknown:
-            raise InputError(f"config.json has fields AutoencoderKLCogVideoX does not take: {', '.join(unknown)}")
-        config = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known})
-        if config.act_fn not in ("silu", "swish"):
-            raise InputError(f"config.json: act_fn {config.act_fn!r} is not supported (silu only)")
-        if set(config.down_block_types) != {"CogVideoXDownBlock3D"} or \
-                set(config.up_block_types) != {"CogVideoXUpBlock3D"}:
+    def check(self):
+        if self.act_fn not in ("silu", "swish"):
+            raise InputError(f"config.json: act_fn {self.act_fn!r} is not supported (silu only)")
+        if set(self.down_block_types) != {"CogVideoXDownBlock3D"} or \
+                set(self.up_block_types) != {"CogVideoXUpBlock3D"}:
             raise InputError("config.json: only CogVideoXDownBlock3D / CogVideoXUpBlock3D blocks exist")
-        if not len(config.down_block_types) == len(config.up_block_types) == len(config.block_out_channels):
+        if not len(self.down_block_types) == len(self.up_block_types) == len(self.block_out_channels):
             raise InputError("config.json: down_block_types, up_block_types and block_out_channels differ in length")
-        if any(c % config.norm_num_groups for c in config.block_out_channels):
+        if any(c % self.norm_num_groups for c in self.block_out_channels):
             raise InputError("config.json: norm_num_groups must divide every block_out_channels entry")
-        return config
-
-    def to_dict(self) -> dict:
-        out = {"_class_name": self.class_name}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
 
     @property
     def temporal_compress_level(self) -> int:

@@ -137,6 +137,13 @@ def _compress_time_pool(x):
     return torch.cat([first, pooled], dim=2)
 
 
+def _per_frame(conv2d: nn.Conv2d, x):
+    """A Conv2d applied to each frame: (B, C, T, H, W) -> (B*T, C, H, W) -> conv -> (B, C', T, H', W')."""
+    b, c, t, h, w = x.shape
+    x = conv2d(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
+    return x.reshape(b, t, *x.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
 class CogVideoXDownsample3D(nn.Module):
     def __init__(self, in_channels, out_channels, compress_time=False):
         super().__init__()
@@ -146,10 +153,7 @@ class CogVideoXDownsample3D(nn.Module):
     def forward(self, x):
         if self.compress_time and x.shape[2] > 1:
             x = _compress_time_pool(x)
-        x = F.pad(x, (0, 1, 0, 1))
-        b, c, t, h, w = x.shape
-        x = self.conv(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
-        return x.reshape(b, t, *x.shape[1:]).permute(0, 2, 1, 3, 4)
+        return _per_frame(self.conv, F.pad(x, (0, 1, 0, 1)))
 
 
 class CogVideoXUpsample3D(nn.Module):
@@ -164,9 +168,7 @@ class CogVideoXUpsample3D(nn.Module):
         if self.compress_time and t > 1:  # nearest x2 in time; with an odd count the first frame is not doubled
             first, rest = (x[:, :, :1], x[:, :, 1:]) if t % 2 == 1 else (x[:, :, :0], x)
             x = torch.cat([first, rest.repeat_interleave(2, dim=2)], dim=2)
-        b, c, t, h, w = x.shape
-        x = self.conv(x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w))
-        return x.reshape(b, t, *x.shape[1:]).permute(0, 2, 1, 3, 4)
+        return _per_frame(self.conv, x)
 
 
 def _run_resnets(resnets, x, zq, cache):

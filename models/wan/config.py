@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 
 from converter.errors import InputError
+from models.config import DiffusersConfig
 
 WAN21_LATENTS_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                       0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921]
@@ -12,7 +13,7 @@ WAN21_LATENTS_STD = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0
 
 
 @dataclasses.dataclass(frozen=True)
-class WanVAEConfig:
+class WanVAEConfig(DiffusersConfig):
     """Fields and defaults as in diffusers' `AutoencoderKLWan.__init__`."""
 
     base_dim: int = 96
@@ -34,27 +35,11 @@ class WanVAEConfig:
 
     class_name = "AutoencoderKLWan"
 
-    @classmethod
-    def from_dict(cls, raw: dict) -> "WanVAEConfig":
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in raw if k not in known and not k.startswith("_"))
-        if unknown:
-            raise InputError(f"config.json has fields AutoencoderKLWan does not take: {', '.join(unknown)}")
-        values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known}
-        config = cls(**values)
-        if config.is_residual or config.patch_size is not None:
+    def check(self):
+        if self.is_residual or self.patch_size is not None:
             raise InputError("config.json describes a Wan 2.2 VAE (is_residual / patch_size); only Wan 2.1 is supported")
-        if len(config.temperal_downsample) != len(config.dim_mult) - 1:
+        if len(self.temperal_downsample) != len(self.dim_mult) - 1:
             raise InputError("config.json: temperal_downsample needs one entry per dim_mult level but the last")
-        return config
-
-    def to_dict(self) -> dict:
-        """The diffusers config.json content, so diffusers' `from_pretrained` reads our torchax output."""
-        out = {"_class_name": self.class_name}
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
 
     @property
     def temperal_upsample(self) -> tuple[bool, ...]:
