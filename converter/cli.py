@@ -53,20 +53,56 @@ def cli():
 @click.option("--allow-nonfinite", is_flag=True, help="Convert weights that hold NaN or Inf instead of refusing.")
 @click.option("--mapping", "mapping_file", type=click.Path(path_type=Path, dir_okay=False),
               help="Use this mapping file instead of the family's (for developing mappings).")
+@click.option("--dry-run", is_flag=True, help="Print what would be fetched and written; fetch and write nothing.")
+@click.option("--push-to-hub", metavar="ORG/NAME", help="Publish the output with a model card (token: HF_TOKEN or login).")
+@click.option("--private", is_flag=True, help="With --push-to-hub: create the repo private.")
+@click.option("--push-revision", metavar="BRANCH", help="With --push-to-hub: the branch to commit to.")
+@click.option("--create-pr", is_flag=True, help="With --push-to-hub: open a pull request instead of committing.")
+@click.option("--commit-message", help="With --push-to-hub: the commit message.")
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
 def convert(model, target, out, source, revision, fmt, dtype, offline, skip_validation, force, keep_invalid,
-            allow_nonfinite, mapping_file, verbose):
+            allow_nonfinite, mapping_file, dry_run, push_to_hub, private, push_revision, create_pr, commit_message,
+            verbose):
     """Convert MODEL's VAE (see `vae-convert --help` for names) to --to's weights at --out."""
-    from converter.convert import Request, convert as run
+    from converter.convert import Request, convert as run, dry_run as plan
 
     request = Request(get_model(model), source, revision, offline, target, fmt, dtype, out, force,
-                      not skip_validation, mapping_file, allow_nonfinite, keep_invalid)
+                      not skip_validation, mapping_file, allow_nonfinite, keep_invalid, push_to_hub)
+    if dry_run:
+        click.echo(_guarded(lambda: plan(request), verbose))
+        click.echo("dry run: nothing fetched or written")
+        return
     summary = _guarded(lambda: run(request), verbose)
     checks = f", validation {sum(c.ok for c in summary.checks)}/{len(summary.checks)} ✓" if summary.checks else \
         ", not validated"
     click.echo(f"✓ {model} -> {summary.target} ({summary.fmt}, {summary.dtype}): {summary.tensors} tensors, "
                f"{summary.parameters / 1e6:.1f}M parameters, {summary.bytes / 1e6:.1f} MB in {summary.seconds:.1f}s"
                f"{checks} -> {summary.out}")
+    if push_to_hub:
+        _publish(summary.out, push_to_hub, private, push_revision, create_pr, commit_message, verbose)
+
+
+@cli.command()
+@click.argument("out", type=click.Path(path_type=Path, exists=True, file_okay=False), metavar="DIR")
+@click.argument("repo_id", metavar="ORG/NAME")
+@click.option("--private", is_flag=True, help="Create the repo private.")
+@click.option("--revision", help="The branch to commit to.")
+@click.option("--create-pr", is_flag=True, help="Open a pull request instead of committing.")
+@click.option("--commit-message", help="The commit message.")
+@click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
+def publish(out, repo_id, private, revision, create_pr, commit_message, verbose):
+    """Upload a converted output DIR to the Hub as ORG/NAME, with a generated model card."""
+    from converter.hub import check_write_access
+
+    _guarded(lambda: check_write_access(repo_id), verbose)
+    _publish(out, repo_id, private, revision, create_pr, commit_message, verbose)
+
+
+def _publish(out, repo_id, private, revision, create_pr, commit_message, verbose):
+    from converter.hub import publish as upload
+
+    url = _guarded(lambda: upload(out, repo_id, private, revision, create_pr, commit_message), verbose)
+    click.echo(f"✓ published {out} -> {url}")
 
 
 @cli.command()

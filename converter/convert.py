@@ -38,6 +38,41 @@ class Request:
     mapping_file: Path | None = None  # another mapping file than the family's (for mapping development)
     allow_nonfinite: bool = False
     keep_invalid: bool = False
+    push_to_hub: str | None = None  # ORG/NAME: write access is checked before any conversion work
+
+
+def dry_run(req: Request) -> str:
+    """What a conversion would fetch, read and write; fetches and writes nothing."""
+    from converter import hub
+
+    entry, out = req.model, req.out.resolve()
+    lines = []
+    location = sources.hub_location(entry, req.source, req.revision)
+    if location is not None:
+        repo_id, revision = location
+        files = hub.planned_files(repo_id, entry.subfolder, revision, req.offline)
+        lines += [f"source: {repo_id}@{revision}, subfolder {entry.subfolder}/", hub.describe_plan(files)]
+    else:
+        lines.append(f"source: {req.source} (local)")
+    fmt = req.fmt or targets.FORMATS[req.target][0]
+    lines.append(f"output: {out} ({req.target}, {fmt}, dtype {req.dtype}"
+                 f"{', replacing the existing output' if out.exists() and req.force else ''})")
+    if out.exists() and not req.force:
+        lines.append("  ✗ it exists: a conversion would stop here without --force")
+    if location is None or all(f["cached"] for f in files):
+        source = sources.resolve(entry, req.source, req.revision, offline=True)
+        weights = sources.SourceWeights.open(source.weight_files)
+        check_config_family(entry, source.config)
+        config = entry.family.config_from_dict(source.config)
+        check_weights_fit_config(entry.family, config, weights)
+        rules = mapping.load_mapping(req.mapping_file or entry.family.mapping_path)
+        planned = mapping.plan(rules, req.target, {k: s for k, (s, _) in weights.specs.items()},
+                               targets.target_shapes(entry.family, config, req.target))
+        lines.append(f"plan: {len(planned)} tensors, every key mapped to a {req.target} leaf "
+                     f"({targets.WEIGHT_FILES[(req.target, fmt)]})")
+    if req.push_to_hub:
+        lines.append(f"then publish to https://huggingface.co/{req.push_to_hub}")
+    return "\n".join(lines)
 
 
 @dataclasses.dataclass
@@ -147,6 +182,10 @@ def convert(req: Request) -> Summary:
     recover_interrupted(out)
     if out.exists() and not req.force:
         raise OutputError(f"{out} exists; pass --force to replace it (the old output stays until the new one is done)")
+    if req.push_to_hub:
+        from converter.hub import check_write_access
+
+        check_write_access(req.push_to_hub)
 
     source = sources.resolve(req.model, req.source, req.revision, req.offline)
     weights = sources.SourceWeights.open(source.weight_files)

@@ -126,19 +126,26 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def resolve(entry: ModelEntry, source: str | None, revision: str | None, offline: bool) -> Source:
+def hub_location(entry: ModelEntry, source: str | None, revision: str | None) -> tuple[str, str] | None:
+    """(repo_id, revision) when the source is a Hub repo, None when it is a local path."""
     if source is None:
-        return _from_hub(entry, entry.repo_id, entry.subfolder, revision or entry.revision, offline)
-    path = Path(source).expanduser()
-    if path.exists():
-        resolved = _from_path(path)
-        if resolved.config is None:  # a lone weights file: the registry model's config
-            resolved.config = dict(entry.config)
-        return resolved
+        return entry.repo_id, revision or entry.revision
+    if Path(source).expanduser().exists():
+        return None
     if REPO_ID.match(source):
         repo_id, _, at_revision = source.partition("@")
-        return _from_hub(entry, repo_id, entry.subfolder, revision or at_revision or "main", offline)
+        return repo_id, revision or at_revision or "main"
     raise InputError(f"source {source!r} is neither an existing path nor a Hub repo id (org/name[@revision])")
+
+
+def resolve(entry: ModelEntry, source: str | None, revision: str | None, offline: bool) -> Source:
+    hub = hub_location(entry, source, revision)
+    if hub is not None:
+        return _from_hub(*hub, entry.subfolder, offline)
+    resolved = _from_path(Path(source).expanduser())
+    if resolved.config is None:  # a lone weights file: the registry model's config
+        resolved.config = dict(entry.config)
+    return resolved
 
 
 def _read_config(path: Path) -> dict:
@@ -199,27 +206,16 @@ def _shards(index_path: Path) -> list[Path]:
     return files
 
 
-def _from_hub(entry: ModelEntry, repo_id: str, subfolder: str, revision: str, offline: bool) -> Source:
+def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Source:
     import huggingface_hub
-    from huggingface_hub import errors
 
-    patterns = [f"{subfolder}/config.json", f"{subfolder}/*.safetensors", f"{subfolder}/*.safetensors.index.json"]
-    where = f"{repo_id}@{revision}"
-    try:
-        root = Path(huggingface_hub.snapshot_download(repo_id, revision=revision, allow_patterns=patterns,
-                                                      local_files_only=offline or None))
-    except errors.GatedRepoError:
-        raise InputError(f"{repo_id} is gated: accept its terms on the Hub and log in (HF_TOKEN or `hf auth login`)")
-    except errors.RepositoryNotFoundError:
-        raise InputError(f"Hub repo {repo_id} not found (or private without a token)") from None
-    except errors.RevisionNotFoundError:
-        raise InputError(f"revision {revision!r} not found in {repo_id}") from None
-    except errors.LocalEntryNotFoundError:
-        raise InputError(f"{where} is not in the local Hugging Face cache and offline mode is on") from None
-    except (OSError, errors.HfHubHTTPError) as e:
-        raise InputError(f"cannot fetch {where}: {str(e).splitlines()[0]}") from None
+    from converter.hub import _hub_call, vae_patterns
+
+    root = Path(_hub_call(lambda: huggingface_hub.snapshot_download(
+        repo_id, revision=revision, allow_patterns=vae_patterns(subfolder), local_files_only=offline or None),
+        repo_id, revision))
     folder = root / subfolder
     if not folder.is_dir():
-        raise InputError(f"{where} has no {subfolder}/ folder with VAE weights")
+        raise InputError(f"{repo_id}@{revision} has no {subfolder}/ folder with VAE weights")
     resolved = _from_path(folder)
     return Source(resolved.weight_files, resolved.config, repo_id, revision=root.name)
