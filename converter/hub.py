@@ -44,7 +44,7 @@ def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) ->
     return files
 
 
-def _hub_call(call, repo_id: str, revision: str):
+def _hub_call(call, repo_id: str, revision: str, offline: bool = False, error=InputError):
     from huggingface_hub import errors
 
     try:
@@ -55,10 +55,14 @@ def _hub_call(call, repo_id: str, revision: str):
         raise InputError(f"Hub repo {repo_id} not found (or private without a token)") from None
     except errors.RevisionNotFoundError:
         raise InputError(f"revision {revision!r} not found in {repo_id}") from None
-    except errors.LocalEntryNotFoundError:
-        raise InputError(f"{repo_id}@{revision} is not in the local Hugging Face cache and offline mode is on") from None
+    except errors.LocalEntryNotFoundError as e:
+        if offline:
+            raise InputError(f"{repo_id}@{revision} is not in the local Hugging Face cache and offline mode is on") \
+                from None
+        raise InputError(f"cannot fetch {repo_id}@{revision} from the Hub, and it is not cached "
+                         f"({str(e).splitlines()[0]})") from None
     except (OSError, errors.HfHubHTTPError) as e:
-        raise InputError(f"cannot reach the Hub for {repo_id}@{revision}: {str(e).splitlines()[0]}") from None
+        raise error(f"the Hub failed for {repo_id}@{revision}: {str(e).splitlines()[0]}") from None
 
 
 def check_write_access(repo_id: str):
@@ -161,7 +165,7 @@ def publish(out_dir: Path, repo_id: str, private: bool, revision: str | None, cr
             api.create_branch(repo_id, branch=revision, exist_ok=True)
         return api.create_commit(repo_id, operations, commit_message=message, revision=revision, create_pr=create_pr)
 
-    commit = _hub_call(upload, repo_id, revision or "main")
+    commit = _hub_call(upload, repo_id, revision or "main", error=OutputError)
     return commit.pr_url or commit.commit_url
 
 

@@ -206,6 +206,12 @@ def _shards(index_path: Path) -> list[Path]:
     return files
 
 
+def _offline_env() -> bool:
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
 def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Source:
     import huggingface_hub
 
@@ -213,7 +219,7 @@ def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Sou
 
     root = Path(_hub_call(lambda: huggingface_hub.snapshot_download(
         repo_id, revision=revision, allow_patterns=vae_patterns(subfolder), local_files_only=offline or None),
-        repo_id, revision))
+        repo_id, revision, offline or _offline_env()))
     folder = root / subfolder
     if not folder.is_dir():
         raise InputError(f"{repo_id}@{revision} has no {subfolder}/ folder with VAE weights")
