@@ -187,3 +187,25 @@ def test_sharded_index_disagreeing_with_shards(wan_small, tmp_path):
     index.write_text(json.dumps({"weight_map": {**weight_map, key: other}}))
     _fails(["wan2.1", "--source", index, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
            f"index puts {key!r} in {other}")
+
+
+@pytest.mark.parametrize("kind", ["repo-root", "vae-folder", "single-file"])
+def test_local_source_kinds(wan_small, tmp_path, kind):
+    source, _ = wan_small
+    root = tmp_path / "pipeline"
+    (root / "vae").mkdir(parents=True)
+    for p in source.iterdir():
+        (root / "vae" / p.name).write_bytes(p.read_bytes())
+    given = {"repo-root": root, "vae-folder": root / "vae",
+             "single-file": root / "vae" / "diffusion_pytorch_model.safetensors"}[kind]
+    run_cli("wan2.1", "--source", given, "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
+    assert manifest(tmp_path / "out")["source"]["origin"] == str(given)
+
+
+def test_publish_to_a_branch(hub, tmp_path, wan_small, monkeypatch):
+    source, _ = wan_small
+    run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
+    monkeypatch.setenv("HF_TOKEN", "write-token")
+    run_cli("publish", tmp_path / "out", "me/wan-tx", "--revision", "dev")
+    assert ("POST", "/api/models/me/wan-tx/branch/dev") in hub.requests
+    assert hub.commits[-1]["revision"] == "dev" and not hub.commits[-1]["create_pr"]
