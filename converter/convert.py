@@ -201,13 +201,15 @@ def convert(req: Request) -> Summary:
 
     work = _make_work_dir(out)
     try:
+        provenance = source.start_hashing()
         manifest = {
             "tool": "vae-convert", "version": __version__, "family": family.name, "model": req.model.name,
-            "target": req.target, "format": fmt, "dtype": dtype.name, "source": source.provenance(),
+            "target": req.target, "format": fmt, "dtype": dtype.name,
             "mapping": {"file": mapping_path.name, "sha256": hashlib.sha256(mapping_path.read_bytes()).hexdigest()},
         }
         specs = {a.target_key: (target_shapes[a.target_key], dtype) for a in assignments}
         nbytes = _write_weights(work, req, fmt, assignments, weights, specs, manifest)
+        manifest["source"] = provenance()
         _write_json(work / "config.json", config.to_dict())
         _write_json(work / MANIFEST, manifest)
         checks = _validate(req, family, config, weights, dtype, work, manifest, out)
@@ -249,17 +251,19 @@ def _failure(failed) -> str:
 def _write_weights(work, req, fmt, assignments, weights, specs, manifest) -> int:
     import click
 
-    metadata = {"vae_convert": json.dumps(manifest)}
+    metadata = {"vae_convert": json.dumps(manifest)}  # what is known before writing; the full manifest is a file
     try:
         writer = targets.open_writer(req.target, fmt, work, specs, metadata)
         nbytes = 0
         with click.progressbar(assignments, label="converting", file=None, show_pos=True) as bar:
             for a in bar:
                 source = weights[a.source_key]
-                array = mapping.apply_ops(a.rule.ops, source).astype(specs[a.target_key][1])
+                array = mapping.apply_ops(a.rule.ops, source).astype(specs[a.target_key][1], copy=False)
                 check_values(a.source_key, source, array, req.allow_nonfinite)
                 writer.write(a.target_key, array)
                 nbytes += array.nbytes
+                del source, array
+                weights.release(a.source_key)
         writer.close()
     except OSError as e:
         raise OutputError(f"cannot write to {work.parent}: {e.strerror or e}") from None

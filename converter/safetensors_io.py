@@ -98,6 +98,16 @@ class SafetensorsFile:
                              offset=self._data_start + begin).reshape(shape)
 
 
+    def release(self, name: str):
+        """Drops the tensor's pages from this process's memory (they stay in the page cache), so that streaming
+        through a checkpoint does not grow the resident set by its size."""
+        begin, end = self._offsets[name]
+        if self._map is None or begin == end:
+            return
+        start = (self._data_start + begin) // mmap.PAGESIZE * mmap.PAGESIZE
+        self._map.madvise(mmap.MADV_DONTNEED, start, self._data_start + end - start)
+
+
 class SafetensorsWriter:
     """Writes a file whose tensors are all declared up front; `write` then takes them in declared order."""
 

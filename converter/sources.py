@@ -32,20 +32,25 @@ class SourceWeights:
     specs: dict[str, tuple[tuple[int, ...], np.dtype]]
     _read: dict[str, Callable[[], np.ndarray]]
     _origin: dict[str, str]  # key -> file name
+    _release: dict[str, Callable[[], None]]
 
     @classmethod
     def open(cls, paths: list[Path]) -> "SourceWeights":
-        specs, read, origin = {}, {}, {}
+        specs, read, origin, release = {}, {}, {}, {}
         for path in paths:
             tensors = _pickle_tensors(path) if path.suffix in PICKLE_SUFFIXES else _safetensors_tensors(path)
-            for key, (spec, reader) in tensors.items():
+            for key, (spec, reader, releaser) in tensors.items():
                 if key in origin:
                     raise InputError(f"tensor {key!r} is in both {origin[key]} and {path.name}")
-                specs[key], read[key], origin[key] = spec, reader, path.name
-        return cls(specs, read, origin)
+                specs[key], read[key], origin[key], release[key] = spec, reader, path.name, releaser
+        return cls(specs, read, origin, release)
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self._read[key]()
+
+    def release(self, key: str):
+        """Done with this tensor: let its memory go (memory-mapped pages are dropped from the resident set)."""
+        self._release[key]()
 
     def file_of(self, key: str) -> str:
         return self._origin[key]
@@ -56,7 +61,8 @@ class SourceWeights:
 
 def _safetensors_tensors(path: Path) -> dict:
     f = SafetensorsFile(path)
-    return {key: (f.specs[key], functools.partial(f.__getitem__, key)) for key in f.keys()}
+    return {key: (f.specs[key], functools.partial(f.__getitem__, key), functools.partial(f.release, key))
+            for key in f.keys()}
 
 
 def _pickle_tensors(path: Path) -> dict:
@@ -77,7 +83,7 @@ def _pickle_tensors(path: Path) -> dict:
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise InputError(f"{path}: not a state_dict (expected a mapping of names to tensors)")
-    return {key: ((tuple(t.shape), _numpy_dtype(t)), functools.partial(_tensor_to_numpy, t))
+    return {key: ((tuple(t.shape), _numpy_dtype(t)), functools.partial(_tensor_to_numpy, t), lambda: None)
             for key, t in state.items()}
 
 
@@ -109,13 +115,24 @@ class Source:
     origin: str  # what the user named: a path or a repo id
     revision: str | None = None  # the resolved Hub commit
 
-    def provenance(self) -> dict:
+    def start_hashing(self) -> Callable[[], dict]:
+        """Starts hashing local files in a thread (hashlib releases the GIL, so it overlaps the conversion);
+        returns a function that waits and gives the provenance record."""
+        import concurrent.futures
+
         out = {"origin": self.origin, "files": [p.name for p in self.weight_files]}
         if self.revision:
             out["revision"] = self.revision
-        else:
-            out["sha256"] = {p.name: _sha256(p) for p in self.weight_files}
-        return out
+            return lambda: out
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        digests = [pool.submit(_sha256, p) for p in self.weight_files]
+        pool.shutdown(wait=False)
+
+        def result() -> dict:
+            out["sha256"] = {p.name: d.result() for p, d in zip(self.weight_files, digests)}
+            return out
+
+        return result
 
 
 def _sha256(path: Path) -> str:

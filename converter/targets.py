@@ -18,6 +18,7 @@ from converter.mapping import target_path
 from converter.registry import Family
 from converter.safetensors_io import SafetensorsFile, SafetensorsWriter
 
+SAVE_CONCURRENT_GB = 0.0625
 FORMATS = {"flax": ("orbax", "safetensors"), "torchax": ("safetensors",)}
 WEIGHT_FILES = {("flax", "orbax"): "state", ("flax", "safetensors"): "flax_model.safetensors",
                 ("torchax", "safetensors"): "diffusion_pytorch_model.safetensors"}
@@ -57,7 +58,10 @@ class OrbaxWriter:
         self.path, self.metadata, self.leaves = path, metadata, {}
 
     def write(self, key: str, array: np.ndarray):
-        self.leaves[key] = array
+        import jax
+
+        # A JAX buffer of our own now (the source's pages are released after this call).
+        self.leaves[key] = jax.device_put(np.array(array, copy=True))
 
     def close(self):
         import orbax.checkpoint as ocp
@@ -69,8 +73,11 @@ class OrbaxWriter:
             for part in parents:
                 node = node.setdefault(part, {})
             node[leaf] = array
-        with ocp.StandardCheckpointer() as checkpointer:
-            checkpointer.save(self.path, tree, custom_metadata=self.metadata)
+        # Synchronous, with at most SAVE_CONCURRENT_GB of host copies in flight: Orbax copies arrays to host before
+        # writing, and without the bound it copies them all at once (2x the checkpoint in memory).
+        handler = ocp.StandardCheckpointHandler(save_concurrent_gb=SAVE_CONCURRENT_GB)
+        with ocp.Checkpointer(handler) as checkpointer:
+            checkpointer.save(self.path, args=ocp.args.StandardSave(tree), custom_metadata=self.metadata)
 
 
 def open_writer(target: str, fmt: str, out_dir: Path, specs: dict, metadata: dict):
