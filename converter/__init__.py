@@ -7,3 +7,10 @@ def load(path):
     from converter.api import load as _load
 
     return _load(path)
+
+
+def enable_compile_cache(directory=None) -> bool:
+    """JAX's persistent compilation cache in `directory` or $VAE_CONVERT_COMPILE_CACHE (see converter.api)."""
+    from converter.api import enable_compile_cache as _enable
+
+    return _enable(directory)

@@ -17,8 +17,28 @@ from converter.errors import InputError
 from converter.registry import FAMILIES
 
 
+COMPILE_CACHE_ENV = "VAE_CONVERT_COMPILE_CACHE"
+
+
+def enable_compile_cache(directory: str | Path | None = None) -> bool:
+    """Turns on JAX's persistent compilation cache in `directory` (default: $VAE_CONVERT_COMPILE_CACHE), so a later
+    process reaches its first decode without compiling again. Off unless asked for; returns whether it is on."""
+    import os
+
+    import jax
+
+    directory = directory or os.environ.get(COMPILE_CACHE_ENV)
+    if not directory:
+        return False
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # the steps are small on CPU: keep them all
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    return True
+
+
 def load(path: str | Path):
     path = Path(path)
+    enable_compile_cache()
     manifest = read_manifest(path)
     family = FAMILIES[manifest["family"]]
     config = family.config_from_dict(json.loads((path / "config.json").read_text()))
