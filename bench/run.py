@@ -1,0 +1,268 @@
+"""One command that measures conversion, loading, decode and encode, and writes a Markdown table and JSON.
+
+    python -m bench.run                 # full-size Wan 2.1 and CogVideoX (random weights), about 10 min on 2 cores
+    python -m bench.run --smoke         # small widths, for the test suite (under a minute)
+
+Every measurement runs in a fresh process, so peak memory and first-call (compile) times are its own. Checkpoints
+are made with `vae-convert sample` (the real architectures, random weights): timings do not depend on the values.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CASES = {  # model -> (latent for decode, video for encode), channels-first
+    "wan2.1": ((1, 16, 3, 8, 8), (1, 3, 5, 64, 64)),
+    "cogvideox-2b": ((1, 16, 3, 8, 8), (1, 3, 9, 64, 64)),
+}
+SMOKE = {"wan2.1": ((1, 4, 2, 4, 4), (1, 3, 5, 32, 32))}  # one small model, two implementations, no cache pair
+
+
+# -- measurements, each run in its own process via `python -m bench.run --task ...` --------------------------
+
+def _rss_mb(field: str) -> float:
+    """VmRSS (now) or VmHWM (peak so far) of this process, in MB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _import_everything():
+    """Everything a conversion imports, before the memory baseline is taken."""
+    import flax.nnx  # noqa: F401
+    import jax  # noqa: F401
+    import orbax.checkpoint  # noqa: F401
+    import torch  # noqa: F401
+
+    from converter import convert, hub, targets, validate  # noqa: F401
+    from converter.registry import FAMILIES
+
+    for family in FAMILIES.values():
+        family.load("flax_cls"), family.load("torch_cls")
+
+
+def task_convert(source: str, out: str, model: str, target: str) -> dict:
+    from converter.convert import Request, convert
+    from converter.registry import get_model
+
+    _import_everything()
+    baseline = _rss_mb("VmRSS")
+    started = time.perf_counter()
+    convert(Request(get_model(model), source, None, True, target, None, "auto", Path(out), True, False))
+    return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": _rss_mb("VmHWM") - baseline}
+
+
+def task_naive(source: str, out: str, model: str) -> dict:
+    """The approach we replace: read every tensor into memory, transpose them all, then save them all."""
+    import numpy as np
+    import orbax.checkpoint as ocp
+
+    from converter import mapping, targets
+    from converter.registry import get_model
+    from converter.safetensors_io import SafetensorsFile
+
+    family = get_model(model).family
+    rules = mapping.load_mapping(family.mapping_path).rules("flax")
+    _import_everything()
+    baseline = _rss_mb("VmRSS")
+    started = time.perf_counter()
+    weights = SafetensorsFile(Path(source) / "diffusion_pytorch_model.safetensors")
+    loaded = {k: np.array(weights[k]) for k in weights.keys()}
+    converted = {}
+    for key, array in loaded.items():
+        rule, match = next((r, m) for r in rules if (m := r.pattern.fullmatch(key)))
+        converted[rule.target_key(match)] = np.ascontiguousarray(mapping.apply_ops(rule.ops, array))
+    tree = {}
+    for key, array in converted.items():
+        *parents, leaf = mapping.target_path(key)
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = array
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(Path(out) / targets.WEIGHT_FILES[("flax", "orbax")], tree)
+    return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": _rss_mb("VmHWM") - baseline}
+
+
+def task_load(out: str) -> dict:
+    import jax
+
+    import converter
+
+    started = time.perf_counter()
+    model = converter.load(out)
+    jax.block_until_ready(jax.tree.leaves(__import__("flax").nnx.state(model)))
+    return {"seconds": time.perf_counter() - started}
+
+
+def _timed(fn, repeats=2) -> dict:
+    """First call (includes compiling) and the best of the following calls."""
+    times = []
+    for _ in range(1 + repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return {"first": times[0], "steady": min(times[1:])}
+
+
+def task_run(impl: str, path: str, latent: list, video: list, cache: str | None) -> dict:
+    """Decode and encode with one implementation: flax / torchax (jitted) or torch / diffusers (eager)."""
+    import numpy as np
+    import torch
+
+    import converter
+    from converter.validate import RUNNERS
+
+    if cache:
+        converter.enable_compile_cache(cache)
+    rng = np.random.default_rng(0)
+    z = rng.standard_normal(latent).astype(np.float32)
+    x = rng.uniform(-1, 1, video).astype(np.float32)
+    if impl in RUNNERS:
+        runner = RUNNERS[impl](converter.load(path))
+        decode, encode = (lambda: runner.decode(z)), (lambda: runner.encode(x))
+    else:
+        if impl == "diffusers":
+            import diffusers
+
+            config = json.loads((Path(path) / "config.json").read_text())
+            model = getattr(diffusers, config["_class_name"]).from_pretrained(path).eval()
+        else:
+            model = converter.load(path)
+        zt, xt = torch.from_numpy(z), torch.from_numpy(x)
+
+        def decode():
+            with torch.no_grad():
+                model.decode(zt)
+
+        def encode():
+            with torch.no_grad():
+                model.encode(xt)
+
+    return {"decode": _timed(decode), "encode": _timed(encode)}
+
+
+TASKS = {"convert": task_convert, "naive": task_naive, "load": task_load, "run": task_run}
+
+
+# -- orchestration ----------------------------------------------------------------------------------------
+
+def _task(name: str, **kwargs) -> dict:
+    result = subprocess.run([sys.executable, "-m", "bench.run", "--task", name, json.dumps(kwargs)], cwd=REPO,
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"bench task {name} {kwargs} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def _vae_convert(*args):
+    subprocess.run([sys.executable, "-m", "converter", *map(str, args)], cwd=REPO, check=True, capture_output=True)
+
+
+def measure_model(model: str, work: Path, smoke: bool) -> dict:
+    latent, video = SMOKE.get(model, CASES[model]) if smoke else CASES[model]
+    source = work / f"{model}-source"
+    _vae_convert("sample", model, source, *(["--small"] if smoke else []))
+    weights = source / "diffusion_pytorch_model.safetensors"
+    size_mb = weights.stat().st_size / 1e6
+    started = time.perf_counter()
+    shutil.copyfile(weights, work / "copy.safetensors")
+    copy_s = time.perf_counter() - started
+    result = {"checkpoint_mb": size_mb, "copy_seconds": copy_s, "convert": {}, "run": {}}
+    for target in ("flax", "torchax"):
+        result["convert"][target] = _task("convert", source=str(source), out=str(work / f"{model}-{target}"),
+                                          model=model, target=target)
+    result["convert"]["naive"] = _task("naive", source=str(source), out=str(work / f"{model}-naive"), model=model)
+    result["load_flax"] = _task("load", out=str(work / f"{model}-flax"))
+    cache = work / f"{model}-jax-cache"
+    runs = {"flax": work / f"{model}-flax", "torchax": work / f"{model}-torchax",
+            "torch": work / f"{model}-torchax", "diffusers": work / f"{model}-torchax"}
+    if not _has_diffusers():
+        runs.pop("diffusers")
+    if smoke:
+        runs = {impl: runs[impl] for impl in ("flax", "torch")}
+    for impl, path in runs.items():
+        result["run"][impl] = _task("run", impl=impl, path=str(path), latent=latent, video=video, cache=None)
+    if smoke:
+        return result
+    # the compile cache: one process fills it, the next one measures its first call
+    _task("run", impl="flax", path=str(runs["flax"]), latent=latent, video=video, cache=str(cache))
+    result["run"]["flax+cache"] = _task("run", impl="flax", path=str(runs["flax"]), latent=latent, video=video,
+                                        cache=str(cache))
+    return result
+
+
+def _has_diffusers() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("diffusers") is not None
+
+
+def _device() -> str:
+    import jax
+
+    devices = jax.devices()
+    kind = devices[0].device_kind if devices else "none"
+    return f"{platform.machine()}, {os.cpu_count()} CPU cores, JAX backend {jax.default_backend()} ({kind})"
+
+
+def markdown(results: dict) -> str:
+    lines = [f"Machine: {results['device']}; {results['date']}; mode: {results['mode']}.", ""]
+    lines += ["| model | checkpoint | copy | vae-convert flax | vae-convert torchax | naive (read all, transpose, "
+              "save) | load flax |", "|---|---|---|---|---|---|---|"]
+    for model, r in results["models"].items():
+        c = r["convert"]
+        cell = lambda m: f"{m['seconds']:.2f} s, +{m['peak_above_baseline_mb']:.0f} MB " \
+                         f"({m['peak_above_baseline_mb'] / r['checkpoint_mb']:.2f}x)"  # noqa: E731
+        lines.append(f"| {model} | {r['checkpoint_mb']:.0f} MB | {r['copy_seconds']:.2f} s | {cell(c['flax'])} | "
+                     f"{cell(c['torchax'])} | {cell(c['naive'])} | {r['load_flax']['seconds']:.2f} s |")
+    lines += ["", "Conversion time is after imports; memory is peak RSS above the process's RSS after imports.", ""]
+    lines += ["| model | implementation | decode first | decode steady | encode first | encode steady | decode vs "
+              "diffusers |", "|---|---|---|---|---|---|---|"]
+    for model, r in results["models"].items():
+        reference = r["run"].get("diffusers", r["run"]["torch"])["decode"]["steady"]  # torch if diffusers is absent
+        for impl, t in r["run"].items():
+            lines.append(f"| {model} | {impl} | {t['decode']['first']:.2f} s | {t['decode']['steady']:.2f} s | "
+                         f"{t['encode']['first']:.2f} s | {t['encode']['steady']:.2f} s | "
+                         f"{reference / t['decode']['steady']:.2f}x |")
+    lines += ["", "first = first call in a fresh process (compiles for jitted models); steady = best later call; "
+              "flax+cache = first call with the persistent compilation cache already filled by another process; "
+              "the last column is diffusers' steady decode time over this one's (above 1 is faster)."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="small widths, under a minute")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--models", nargs="*", help="default: all (one in --smoke)")
+    parser.add_argument("--task", help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args()
+    if args.task:
+        print(json.dumps(TASKS[args.task](**json.loads(rest[0]))))
+        return
+    with tempfile.TemporaryDirectory(prefix="vae-convert-bench-") as work:
+        results = {"device": _device(), "date": time.strftime("%Y-%m-%d %H:%M"),
+                   "mode": "smoke" if args.smoke else "full", "models": {}}
+        for model in args.models or list(SMOKE if args.smoke else CASES):
+            print(f"measuring {model} ...", file=sys.stderr)
+            results["models"][model] = measure_model(model, Path(work), args.smoke)
+    args.out.mkdir(parents=True, exist_ok=True)
+    name = "smoke" if args.smoke else "latest"
+    (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
