@@ -2,11 +2,11 @@
 __version__ = "0.1.0"
 
 
-def load(path):
-    """A converted output directory -> a ready model (see converter.api)."""
+def load(path, mesh=None):
+    """A converted output directory -> a ready model, optionally restored onto a mesh (see converter.api)."""
     from converter.api import load as _load
 
-    return _load(path)
+    return _load(path, mesh=mesh)
 
 
 def enable_compile_cache(directory=None) -> bool:

@@ -36,24 +36,33 @@ def enable_compile_cache(directory: str | Path | None = None) -> bool:
     return True
 
 
-def load(path: str | Path):
+def load(path: str | Path, mesh=None):
+    """A converted output -> a ready model. With `mesh` (a jax.sharding.Mesh, axes "dp" and "tp"), a Flax model's
+    parameters are restored straight onto it, replicated; pass the mesh to encode/decode to run them sharded."""
     path = Path(path)
     enable_compile_cache()
     manifest = read_manifest(path)
     family = FAMILIES[manifest["family"]]
     config = family.config_from_dict(json.loads((path / "config.json").read_text()))
     dtype = DTYPES[manifest["dtype"]]
-    weights = targets.read_weights(path, manifest["target"], manifest["format"], family, config, dtype)
+    sharding = None
+    if mesh is not None:
+        from jax.sharding import NamedSharding
+
+        from models.sharding import PARAMETERS
+
+        sharding = NamedSharding(mesh, PARAMETERS)
+    weights = targets.read_weights(path, manifest["target"], manifest["format"], family, config, dtype, sharding)
     for key, array in weights.items():
         if np.dtype(array.dtype) != dtype:
             raise InputError(f"{path}: {key} is {array.dtype}, the manifest says {dtype.name}")
     if manifest["target"] == "flax":
-        return _flax_model(family, config, dtype, weights, path)
+        return _flax_model(family, config, dtype, weights, path, sharding)
     return _torch_model(family, config, weights)
 
 
-def _flax_model(family, config, dtype, weights: dict, path: Path):
-    import jax.numpy as jnp
+def _flax_model(family, config, dtype, weights: dict, path: Path, sharding=None):
+    import jax
     from flax import nnx
 
     graphdef, abstract = targets.abstract_flax(family, config, dtype)
@@ -65,7 +74,7 @@ def _flax_model(family, config, dtype, weights: dict, path: Path):
     for p, variable in flat:
         if tuple(weights[p].shape) != tuple(variable.get_value().shape):
             raise InputError(f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}")
-        variable.set_value(jnp.asarray(weights[p]))
+        variable.set_value(jax.device_put(weights[p], sharding))
     return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 

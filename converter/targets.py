@@ -88,8 +88,9 @@ def open_writer(target: str, fmt: str, out_dir: Path, specs: dict, metadata: dic
                                            for k, v in metadata.items()})
 
 
-def read_weights(out_dir: Path, target: str, fmt: str, family: Family, config, dtype) -> dict[tuple, np.ndarray]:
-    """Weights of a written output as {target path: array}; Orbax restores into the abstract state's layout."""
+def read_weights(out_dir: Path, target: str, fmt: str, family: Family, config, dtype, sharding=None) -> dict:
+    """Weights of a written output as {target path: array}; Orbax restores into the abstract state's layout, placing
+    each array with `sharding` (a jax.sharding.Sharding) directly when one is given."""
     path = out_dir / WEIGHT_FILES[(target, fmt)]
     if fmt == "safetensors":
         weights = SafetensorsFile(path)
@@ -99,7 +100,9 @@ def read_weights(out_dir: Path, target: str, fmt: str, family: Family, config, d
     from flax import nnx
 
     _, abstract = abstract_flax(family, config, dtype)
-    template = nnx.to_pure_dict(abstract)
+    # The sharding goes into each abstract leaf: without it Orbax would fall back to the saved one.
+    template = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                            nnx.to_pure_dict(abstract))
     with ocp.StandardCheckpointer() as checkpointer:
         saved = checkpointer.metadata(path).item_metadata
         saved_dtypes = {p: m.dtype for p, m in jax.tree_util.tree_leaves_with_path(saved)}

@@ -16,6 +16,7 @@ import numpy as np
 from flax import nnx
 
 from models.cogvideox.config import CogVideoXVAEConfig, frame_batches
+from models.sharding import replicate, shard_activations
 
 
 class GroupNorm(nnx.Module):
@@ -278,20 +279,22 @@ class AutoencoderKLCogVideoX(nnx.Module):
         self.post_quant_conv = nnx.Conv(config.out_channels, config.out_channels, (1, 1, 1), **kw) \
             if config.use_post_quant_conv else None
 
-    def _run(self, part, x, batch):
+    def _run(self, part, x, batch, mesh):
         graphdef, state = nnx.split(self)
+        state, x = replicate(state, mesh), shard_activations(x, mesh)
         outs, cache = [], None
         for start, end in frame_batches(x.shape[1], batch):
             out, cache = _step(graphdef, part, state, x[:, start:end], cache)
             outs.append(out)
         return jnp.concatenate(outs, axis=1)
 
-    def encode(self, x):
-        """(B, T, H, W, C) video -> (mean, logvar), in batches of 8 frames (the remainder joins the first)."""
-        mean, logvar = jnp.split(self._run("encoder", x, self.num_sample_frames_batch_size), 2, axis=-1)
+    def encode(self, x, mesh=None):
+        """(B, T, H, W, C) video -> (mean, logvar), in batches of 8 frames (the remainder joins the first).
+        With a mesh ("dp", "tp"), batch and width are split over it (models/sharding.py)."""
+        mean, logvar = jnp.split(self._run("encoder", x, self.num_sample_frames_batch_size, mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
-    def decode(self, z):
+    def decode(self, z, mesh=None):
         """(B, T, H, W, latent_channels) -> video, in batches of 2 latent frames (the remainder joins the first).
-        Not clipped: diffusers does not clip CogVideoX's output."""
-        return self._run("decoder", z, self.num_latent_frames_batch_size)
+        Not clipped: diffusers does not clip CogVideoX's output. With a mesh, sharded as in encode."""
+        return self._run("decoder", z, self.num_latent_frames_batch_size, mesh)

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.sharding import replicate, shard_activations
 from models.wan.config import WanVAEConfig
 
 CACHE_T = 2
@@ -246,12 +247,14 @@ class AutoencoderKLWan(nnx.Module):
         self.post_quant_conv = _conv(config.z_dim, config.z_dim, (1, 1, 1), **kw)
         self.decoder = WanDecoder3d(config, **kw)
 
-    def encode(self, x):
+    def encode(self, x, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)//4, H/8, W/8, z_dim).
 
         Like diffusers: the first frame alone, then chunks of 4; frames past the last full chunk are dropped.
+        With a mesh ("dp", "tp"), batch and width are split over it (models/sharding.py).
         """
         graphdef, state = nnx.split(self)
+        state, x = replicate(state, mesh), shard_activations(x, mesh)
         chunks = [x[:, :1]] + [x[:, 1 + 4 * i: 5 + 4 * i] for i in range((x.shape[1] - 1) // 4)]
         outs, cache = [], None
         for chunk in chunks:
@@ -260,10 +263,12 @@ class AutoencoderKLWan(nnx.Module):
         mean, logvar = jnp.split(self.quant_conv(jnp.concatenate(outs, axis=1)), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
-    def decode(self, z):
-        """(B, T, H, W, z_dim) latents -> (B, 1 + 4*(T-1), 8H, 8W, C) video in [-1, 1], one latent frame a step."""
+    def decode(self, z, mesh=None):
+        """(B, T, H, W, z_dim) latents -> (B, 1 + 4*(T-1), 8H, 8W, C) video in [-1, 1], one latent frame a step.
+        With a mesh ("dp", "tp"), batch and width are split over it (models/sharding.py)."""
         graphdef, state = nnx.split(self)
-        x = self.post_quant_conv(z)
+        state, z = replicate(state, mesh), shard_activations(z, mesh)
+        x = nnx.merge(graphdef, state).post_quant_conv(z)
         outs, cache = [], None
         for i in range(x.shape[1]):
             out, cache = _step(graphdef, "decoder", state, x[:, i:i + 1], cache)

@@ -1,0 +1,63 @@
+"""Decode and encode on a ("dp", "tp") mesh of 8 simulated CPU devices, width sharded over "tp": parameters are
+restored straight onto the mesh, and the results equal the unsharded ones within 1e-5 (relative to the output's
+scale), for meshes (1, 8) and (2, 4)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import COG_SMALL, REPO, WAN_SMALL, run_cli, save_diffusers
+
+# 1e-5 relative to the output's scale (max(1, max |unsharded|)): CogVideoX decodes unclipped values up to ~7, where
+# sharded convolutions summing in another order differ by 1.07e-5 (1.5e-6 relative). A sharding bug (a wrong halo, a
+# misplaced shard) gives errors of order 1.
+RTOL = 1e-5
+
+SCRIPT = """
+import json, sys
+import jax, numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+import converter
+
+out, channels = sys.argv[1], int(sys.argv[2])
+rng = np.random.default_rng(0)
+z = rng.standard_normal((2, 3, 4, 8, channels)).astype(np.float32)   # (B, T, H, W, C): width 8 over tp <= 8
+x = rng.uniform(-1, 1, (2, 5, 32, 64, 3)).astype(np.float32)          # encodes to width 8
+plain = converter.load(out)
+expected = {"decode": np.asarray(plain.decode(z)), "encode": np.asarray(plain.encode(x)[0])}
+report = {"devices": len(jax.devices()), "scale": {k: float(np.abs(v).max()) for k, v in expected.items()}}
+for shape in [(1, 8), (2, 4)]:
+    mesh = Mesh(np.array(jax.devices()).reshape(shape), ("dp", "tp"))
+    model = converter.load(out, mesh=mesh)
+    params = jax.tree.leaves(nnx.state(model))
+    got = {"decode": model.decode(z, mesh=mesh), "encode": model.encode(x, mesh=mesh)[0]}
+    report[str(shape)] = {
+        "params_on_mesh": all(p.sharding.mesh == mesh for p in params),
+        **{f"{k}_max_abs": float(np.abs(np.asarray(v) - expected[k]).max()) for k, v in got.items()},
+        **{f"{k}_devices": len(v.sharding.device_set) for k, v in got.items()},
+    }
+print(json.dumps(report))
+"""
+
+
+@pytest.mark.parametrize("model, diffusers_class, config, channels", [
+    ("wan2.1", "AutoencoderKLWan", WAN_SMALL, 4),
+    ("cogvideox-2b", "AutoencoderKLCogVideoX", COG_SMALL, 4),
+])
+def test_sharded_matches_unsharded(tmp_path, model, diffusers_class, config, channels):
+    save_diffusers(diffusers_class, tmp_path / "vae", config)
+    run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out"), str(channels)], cwd=REPO, env=env,
+                            capture_output=True, text=True, check=True)
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["devices"] == 8
+    for shape in ("(1, 8)", "(2, 4)"):
+        r = report[shape]
+        assert r["params_on_mesh"], shape
+        assert r["decode_devices"] == r["encode_devices"] == 8, shape
+        for step in ("decode", "encode"):
+            assert r[f"{step}_max_abs"] <= RTOL * max(1.0, report["scale"][step]), (shape, step, r)
