@@ -82,15 +82,8 @@ def task_naive(source: str, out: str, model: str) -> dict:
     for key, array in loaded.items():
         rule, match = next((r, m) for r in rules if (m := r.pattern.fullmatch(key)))
         converted[rule.target_key(match)] = np.ascontiguousarray(mapping.apply_ops(rule.ops, array))
-    tree = {}
-    for key, array in converted.items():
-        *parents, leaf = mapping.target_path(key)
-        node = tree
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = array
     with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(Path(out) / targets.WEIGHT_FILES[("flax", "orbax")], tree)
+        checkpointer.save(Path(out) / targets.WEIGHT_FILES[("flax", "orbax")], mapping.nested(converted))
     return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": _rss_mb("VmHWM") - baseline}
 
 

@@ -211,3 +211,15 @@ def plan(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes:
 def target_path(key: str) -> tuple:
     """'encoder.down_blocks.10.conv1.kernel' -> ('encoder', 'down_blocks', 10, 'conv1', 'kernel')."""
     return tuple(int(part) if part.isdigit() else part for part in key.split("."))
+
+
+def nested(flat: dict) -> dict:
+    """{'a.0.b': x} -> {'a': {0: {'b': x}}}: the pure-dict layout of an NNX state, built by path, never by position."""
+    tree = {}
+    for key, value in flat.items():
+        *parents, leaf = target_path(key)
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return tree

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from converter.errors import InputError
-from converter.mapping import target_path
+from converter.mapping import nested, target_path
 from converter.registry import Family
 from converter.safetensors_io import SafetensorsFile, SafetensorsWriter
 
@@ -66,13 +66,7 @@ class OrbaxWriter:
     def close(self):
         import orbax.checkpoint as ocp
 
-        tree = {}
-        for key, array in self.leaves.items():
-            *parents, leaf = target_path(key)
-            node = tree
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = array
+        tree = nested(self.leaves)
         # Synchronous, with at most SAVE_CONCURRENT_GB of host copies in flight: Orbax copies arrays to host before
         # writing, and without the bound it copies them all at once (2x the checkpoint in memory).
         handler = ocp.StandardCheckpointHandler(save_concurrent_gb=SAVE_CONCURRENT_GB)
