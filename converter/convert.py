@@ -60,15 +60,8 @@ def dry_run(req: Request) -> str:
     if out.exists() and not req.force:
         lines.append("  ✗ it exists: a conversion would stop here without --force")
     if location is None or all(f["cached"] for f in files):
-        source = sources.resolve(entry, req.source, req.revision, offline=True)
-        weights = sources.SourceWeights.open(source.weight_files)
-        check_config_family(entry, source.config)
-        config = entry.family.config_from_dict(source.config)
-        check_weights_fit_config(entry.family, config, weights)
-        rules = mapping.load_mapping(req.mapping_file or entry.family.mapping_path)
-        planned = mapping.plan(rules, req.target, {k: s for k, (s, _) in weights.specs.items()},
-                               targets.target_shapes(entry.family, config, req.target))
-        lines.append(f"plan: {len(planned)} tensors, every key mapped to a {req.target} leaf "
+        plan = make_plan(req, sources.resolve(entry, req.source, req.revision, offline=True))
+        lines.append(f"plan: {len(plan.assignments)} tensors, every key mapped to a {req.target} leaf "
                      f"({targets.WEIGHT_FILES[(req.target, fmt)]})")
     if req.push_to_hub:
         lines.append(f"then publish to https://huggingface.co/{req.push_to_hub}")
@@ -171,6 +164,29 @@ def check_values(key: str, source: np.ndarray, converted: np.ndarray, allow_nonf
                      f"another --dtype")
 
 
+@dataclasses.dataclass
+class Plan:
+    weights: sources.SourceWeights
+    config: object
+    mapping_path: Path
+    target_shapes: dict
+    assignments: list
+
+
+def make_plan(req: Request, source: sources.Source) -> Plan:
+    """Everything checkable before writing: the config's family, the weights against the config, every key's rule."""
+    family = req.model.family
+    weights = sources.SourceWeights.open(source.weight_files)
+    check_config_family(req.model, source.config)
+    config = family.config_from_dict(source.config)
+    check_weights_fit_config(family, config, weights)
+    mapping_path = req.mapping_file or family.mapping_path
+    target_shapes = targets.target_shapes(family, config, req.target)
+    source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
+    assignments = mapping.plan(mapping.load_mapping(mapping_path), req.target, source_shapes, target_shapes)
+    return Plan(weights, config, mapping_path, target_shapes, assignments)
+
+
 def convert(req: Request) -> Summary:
     started = time.monotonic()
     family = req.model.family
@@ -188,16 +204,8 @@ def convert(req: Request) -> Summary:
         check_write_access(req.push_to_hub)
 
     source = sources.resolve(req.model, req.source, req.revision, req.offline)
-    weights = sources.SourceWeights.open(source.weight_files)
-    check_config_family(req.model, source.config)
-    config = family.config_from_dict(source.config)
-    check_weights_fit_config(family, config, weights)
-    dtype = choose_dtype(req.dtype, weights)
-    mapping_path = req.mapping_file or family.mapping_path
-    rules = mapping.load_mapping(mapping_path)
-    target_shapes = targets.target_shapes(family, config, req.target)
-    source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
-    assignments = mapping.plan(rules, req.target, source_shapes, target_shapes)
+    plan = make_plan(req, source)
+    dtype = choose_dtype(req.dtype, plan.weights)
 
     work = _make_work_dir(out)
     try:
@@ -205,14 +213,15 @@ def convert(req: Request) -> Summary:
         manifest = {
             "tool": "vae-convert", "version": __version__, "family": family.name, "model": req.model.name,
             "target": req.target, "format": fmt, "dtype": dtype.name,
-            "mapping": {"file": mapping_path.name, "sha256": hashlib.sha256(mapping_path.read_bytes()).hexdigest()},
+            "mapping": {"file": plan.mapping_path.name,
+                        "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest()},
         }
-        specs = {a.target_key: (target_shapes[a.target_key], dtype) for a in assignments}
-        nbytes = _write_weights(work, req, fmt, assignments, weights, specs, manifest)
+        specs = {a.target_key: (plan.target_shapes[a.target_key], dtype) for a in plan.assignments}
+        nbytes = _write_weights(work, req, fmt, plan.assignments, plan.weights, specs, manifest)
         manifest["source"] = provenance()
-        _write_json(work / "config.json", config.to_dict())
+        _write_json(work / "config.json", plan.config.to_dict())
         _write_json(work / MANIFEST, manifest)
-        checks = _validate(req, family, config, weights, dtype, work, manifest, out)
+        checks = _validate(req, family, plan.config, plan.weights, dtype, work, manifest, out)
         _move_into_place(work, out)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

@@ -32,7 +32,7 @@ def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) ->
             raise InputError(f"{repo_id}@{revision} is not in the local Hugging Face cache and offline mode is on")
         return [{"path": str(p.relative_to(folder)), "size": p.stat().st_size, "cached": True}
                 for p in sorted((folder / subfolder).glob("*")) if p.is_file()]
-    info = _hub_call(lambda: huggingface_hub.HfApi().model_info(repo_id, revision=revision, files_metadata=True),
+    info = hub_call(lambda: huggingface_hub.HfApi().model_info(repo_id, revision=revision, files_metadata=True),
                      repo_id, revision)
     files = []
     for sibling in info.siblings or []:
@@ -44,7 +44,7 @@ def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) ->
     return files
 
 
-def _hub_call(call, repo_id: str, revision: str, offline: bool = False, error=InputError):
+def hub_call(call, repo_id: str, revision: str, offline: bool = False, error=InputError):
     from huggingface_hub import errors
 
     try:
@@ -165,7 +165,7 @@ def publish(out_dir: Path, repo_id: str, private: bool, revision: str | None, cr
             api.create_branch(repo_id, branch=revision, exist_ok=True)
         return api.create_commit(repo_id, operations, commit_message=message, revision=revision, create_pr=create_pr)
 
-    commit = _hub_call(upload, repo_id, revision or "main", error=OutputError)
+    commit = hub_call(upload, repo_id, revision or "main", error=OutputError)
     return commit.pr_url or commit.commit_url
 
 

@@ -232,9 +232,9 @@ def _offline_env() -> bool:
 def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Source:
     import huggingface_hub
 
-    from converter.hub import _hub_call, vae_patterns
+    from converter.hub import hub_call, vae_patterns
 
-    root = Path(_hub_call(lambda: huggingface_hub.snapshot_download(
+    root = Path(hub_call(lambda: huggingface_hub.snapshot_download(
         repo_id, revision=revision, allow_patterns=vae_patterns(subfolder), local_files_only=offline or None),
         repo_id, revision, offline or _offline_env()))
     folder = root / subfolder

@@ -63,7 +63,7 @@ def compile_model(model: torch.nn.Module) -> torch.nn.Module:
             def step(params, x, cache):
                 return torch.func.functional_call(block, params, (x, cache))
 
-            jitted[id(block)] = (functools.partial(interop.jax_jit(step), params))
+            jitted[id(block)] = functools.partial(interop.jax_jit(step), params)
         with env:
             return jitted[id(block)](x, cache)
 
