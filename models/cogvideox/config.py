@@ -6,6 +6,7 @@ import math
 
 from converter.errors import InputError
 from models.config import DiffusersConfig
+from models.tiling import TilePlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,3 +58,28 @@ def frame_batches(num_frames: int, batch: int) -> list[tuple[int, int]]:
     remainder = num_frames % batch
     return [(0 if i == 0 else batch * i + remainder, batch * (i + 1) + remainder)
             for i in range(max(num_frames // batch, 1))]
+
+
+@dataclasses.dataclass(frozen=True)
+class CogVideoXTiling:
+    """diffusers' `AutoencoderKLCogVideoX.enable_tiling` keywords and defaults: tiles of half the config's sample
+    size, overlap factors found by CogVideoX's authors for 720x480."""
+
+    tile_sample_min_height: int | None = None
+    tile_sample_min_width: int | None = None
+    tile_overlap_factor_height: float = 1 / 6
+    tile_overlap_factor_width: float = 1 / 5
+
+    def plans(self, config: CogVideoXVAEConfig) -> dict[str, TilePlan]:
+        sample_min = (self.tile_sample_min_height or config.sample_height // 2,
+                      self.tile_sample_min_width or config.sample_width // 2)
+        downsampling = 2 ** (len(config.block_out_channels) - 1)
+        latent_min = tuple(int(s / downsampling) for s in sample_min)
+        factors = (self.tile_overlap_factor_height, self.tile_overlap_factor_width)
+
+        def plan(tile, out_tile):  # the same int() roundings as diffusers
+            blend = tuple(int(o * f) for o, f in zip(out_tile, factors))
+            return TilePlan(tile, stride=tuple(int(t * (1 - f)) for t, f in zip(tile, factors)), blend=blend,
+                            keep=tuple(o - b for o, b in zip(out_tile, blend)), crop_scale=None)
+
+        return {"decoder": plan(latent_min, sample_min), "encoder": plan(sample_min, latent_min)}

@@ -8,15 +8,14 @@ numerics, not only of memory use.
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.cogvideox.config import CogVideoXVAEConfig, frame_batches
-from models.sharding import replicate, shard_activations
+from models.cogvideox.config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
+from models.steps_flax import run_chunks
+from models.tiling import TilingMixin
 
 
 class GroupNorm(nnx.Module):
@@ -252,21 +251,10 @@ class CogVideoXDecoder3D(nnx.Module):
         return x, new
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _step(graphdef, part, state, x, cache):
-    """One frame batch through the encoder (with quant_conv) or decoder (after post_quant_conv)."""
-    model = nnx.merge(graphdef, state)
-    if part == "decoder" and model.post_quant_conv is not None:
-        x = model.post_quant_conv(x)
-    x, cache = getattr(model, part)(x, cache)
-    if part == "encoder" and model.quant_conv is not None:
-        x = model.quant_conv(x)
-    return x, cache
-
-
-class AutoencoderKLCogVideoX(nnx.Module):
+class AutoencoderKLCogVideoX(TilingMixin, nnx.Module):
     num_latent_frames_batch_size = 2
     num_sample_frames_batch_size = 8
+    tiling_class = CogVideoXTiling
 
     def __init__(self, config: CogVideoXVAEConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
@@ -279,22 +267,14 @@ class AutoencoderKLCogVideoX(nnx.Module):
         self.post_quant_conv = nnx.Conv(config.out_channels, config.out_channels, (1, 1, 1), **kw) \
             if config.use_post_quant_conv else None
 
-    def _run(self, part, x, batch, mesh):
-        graphdef, state = nnx.split(self)
-        state, x = replicate(state, mesh), shard_activations(x, mesh)
-        outs, cache = [], None
-        for start, end in frame_batches(x.shape[1], batch):
-            out, cache = _step(graphdef, part, state, x[:, start:end], cache)
-            outs.append(out)
-        return jnp.concatenate(outs, axis=1)
-
     def encode(self, x, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), in batches of 8 frames (the remainder joins the first).
         With a mesh ("dp", "tp"), batch and width are split over it (models/sharding.py)."""
-        mean, logvar = jnp.split(self._run("encoder", x, self.num_sample_frames_batch_size, mesh), 2, axis=-1)
+        bounds = frame_batches(x.shape[1], self.num_sample_frames_batch_size)
+        mean, logvar = jnp.split(run_chunks(self, "encoder", x, bounds, mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
     def decode(self, z, mesh=None):
         """(B, T, H, W, latent_channels) -> video, in batches of 2 latent frames (the remainder joins the first).
         Not clipped: diffusers does not clip CogVideoX's output. With a mesh, sharded as in encode."""
-        return self._run("decoder", z, self.num_latent_frames_batch_size, mesh)
+        return run_chunks(self, "decoder", z, frame_batches(z.shape[1], self.num_latent_frames_batch_size), mesh)

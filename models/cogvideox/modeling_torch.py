@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.cogvideox.config import CogVideoXVAEConfig, frame_batches
+from models.cogvideox.config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
 from models.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
+from models.steps_torch import ChunkedAutoencoder
 
 
 def _jax_group_norm(x, weight, bias, num_groups, eps):
@@ -276,9 +277,10 @@ class CogVideoXDecoder3D(nn.Module):
         return x, new
 
 
-class AutoencoderKLCogVideoX(nn.Module):
+class AutoencoderKLCogVideoX(ChunkedAutoencoder):
     num_latent_frames_batch_size = 2
     num_sample_frames_batch_size = 8
+    tiling_class = CogVideoXTiling
 
     def __init__(self, config: CogVideoXVAEConfig):
         super().__init__()
@@ -291,25 +293,12 @@ class AutoencoderKLCogVideoX(nn.Module):
         self.post_quant_conv = nn.Conv3d(config.out_channels, config.out_channels, 1) \
             if config.use_post_quant_conv else None
 
-    def run_step(self, block: nn.Module, x, cache):
-        """One encoder/decoder frame batch. The torchax runtime replaces this with a compiled step."""
-        return block(x, cache)
-
     def encode(self, x: torch.Tensor) -> EncoderOutput:
         """(B, C, T, H, W) video, in batches of 8 frames (the remainder joins the first batch)."""
-        outs, cache = [], None
-        for start, end in frame_batches(x.shape[2], self.num_sample_frames_batch_size):
-            out, cache = self.run_step(self.encoder, x[:, :, start:end], cache)
-            outs.append(self.quant_conv(out) if self.quant_conv is not None else out)
-        return EncoderOutput(DiagonalGaussianDistribution(torch.cat(outs, dim=2)))
+        bounds = frame_batches(x.shape[2], self.num_sample_frames_batch_size)
+        return EncoderOutput(DiagonalGaussianDistribution(self.run_chunks("encoder", x, bounds)))
 
     def decode(self, z: torch.Tensor) -> DecoderOutput:
-        """(B, latent_channels, T, H, W) latents, in batches of 2 latent frames (the remainder joins the first)."""
-        outs, cache = [], None
-        for start, end in frame_batches(z.shape[2], self.num_latent_frames_batch_size):
-            chunk = z[:, :, start:end]
-            if self.post_quant_conv is not None:
-                chunk = self.post_quant_conv(chunk)
-            out, cache = self.run_step(self.decoder, chunk, cache)
-            outs.append(out)
-        return DecoderOutput(torch.cat(outs, dim=2))
+        """(B, latent_channels, T, H, W) latents, in batches of 2 latent frames (the remainder joins the first).
+        Not clipped: diffusers does not clip CogVideoX's output."""
+        return DecoderOutput(self.run_chunks("decoder", z, frame_batches(z.shape[2], self.num_latent_frames_batch_size)))

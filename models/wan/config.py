@@ -5,6 +5,7 @@ import dataclasses
 
 from converter.errors import InputError
 from models.config import DiffusersConfig
+from models.tiling import TilePlan
 
 WAN21_LATENTS_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                       0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921]
@@ -44,3 +45,40 @@ class WanVAEConfig(DiffusersConfig):
     @property
     def temperal_upsample(self) -> tuple[bool, ...]:
         return tuple(reversed(self.temperal_downsample))
+
+
+def encode_chunks(num_frames: int) -> list[tuple[int, int]]:
+    """diffusers' encoder chunks: the first frame alone, then 4 at a time; frames past the last full chunk drop."""
+    return [(0, 1)] + [(1 + 4 * i, 5 + 4 * i) for i in range((num_frames - 1) // 4)]
+
+
+def decode_chunks(num_frames: int) -> list[tuple[int, int]]:
+    """One latent frame a step."""
+    return [(i, i + 1) for i in range(num_frames)]
+
+
+@dataclasses.dataclass(frozen=True)
+class WanTiling:
+    """diffusers' `AutoencoderKLWan.enable_tiling` keywords and defaults, in pixels."""
+
+    tile_sample_min_height: int = 256
+    tile_sample_min_width: int = 256
+    tile_sample_stride_height: int = 192
+    tile_sample_stride_width: int = 192
+
+    def plans(self, config: WanVAEConfig) -> dict[str, TilePlan]:
+        ratio = config.scale_factor_spatial  # diffusers' spatial_compression_ratio, as it uses it
+        sample_min = (self.tile_sample_min_height, self.tile_sample_min_width)
+        sample_stride = (self.tile_sample_stride_height, self.tile_sample_stride_width)
+        latent_min = tuple(s // ratio for s in sample_min)
+        latent_stride = tuple(s // ratio for s in sample_stride)
+        return {
+            "decoder": TilePlan(latent_min, latent_stride, blend=_minus(sample_min, sample_stride),
+                                keep=sample_stride, crop_scale=(ratio, 1)),
+            "encoder": TilePlan(sample_min, sample_stride, blend=_minus(latent_min, latent_stride),
+                                keep=latent_stride, crop_scale=(1, ratio)),
+        }
+
+
+def _minus(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return (a[0] - b[0], a[1] - b[1])

@@ -8,14 +8,13 @@ Read it beside diffusers' `autoencoder_kl_wan.py`: modules and parameters carry 
 """
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.sharding import replicate, shard_activations
-from models.wan.config import WanVAEConfig
+from models.steps_flax import run_chunks
+from models.tiling import TilingMixin
+from models.wan.config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
 
 CACHE_T = 2
 
@@ -231,14 +230,9 @@ class WanDecoder3d(nnx.Module):
         return x, new
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _step(graphdef, part, state, x, cache):
-    """One chunk through the encoder or decoder; compiled once per (chunk shape, first chunk or not)."""
-    model = nnx.merge(graphdef, state)
-    return getattr(model, part)(x, cache)
+class AutoencoderKLWan(TilingMixin, nnx.Module):
+    tiling_class = WanTiling
 
-
-class AutoencoderKLWan(nnx.Module):
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         self.config = config
@@ -253,24 +247,10 @@ class AutoencoderKLWan(nnx.Module):
         Like diffusers: the first frame alone, then chunks of 4; frames past the last full chunk are dropped.
         With a mesh ("dp", "tp"), batch and width are split over it (models/sharding.py).
         """
-        graphdef, state = nnx.split(self)
-        state, x = replicate(state, mesh), shard_activations(x, mesh)
-        chunks = [x[:, :1]] + [x[:, 1 + 4 * i: 5 + 4 * i] for i in range((x.shape[1] - 1) // 4)]
-        outs, cache = [], None
-        for chunk in chunks:
-            out, cache = _step(graphdef, "encoder", state, chunk, cache)
-            outs.append(out)
-        mean, logvar = jnp.split(self.quant_conv(jnp.concatenate(outs, axis=1)), 2, axis=-1)
+        mean, logvar = jnp.split(run_chunks(self, "encoder", x, encode_chunks(x.shape[1]), mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
     def decode(self, z, mesh=None):
         """(B, T, H, W, z_dim) latents -> (B, 1 + 4*(T-1), 8H, 8W, C) video in [-1, 1], one latent frame a step.
         With a mesh ("dp", "tp"), batch and width are split over it (models/sharding.py)."""
-        graphdef, state = nnx.split(self)
-        state, z = replicate(state, mesh), shard_activations(z, mesh)
-        x = nnx.merge(graphdef, state).post_quant_conv(z)
-        outs, cache = [], None
-        for i in range(x.shape[1]):
-            out, cache = _step(graphdef, "decoder", state, x[:, i:i + 1], cache)
-            outs.append(out)
-        return jnp.clip(jnp.concatenate(outs, axis=1), -1.0, 1.0)
+        return jnp.clip(run_chunks(self, "decoder", z, decode_chunks(z.shape[1]), mesh), -1.0, 1.0)

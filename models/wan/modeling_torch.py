@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
-from models.wan.config import WanVAEConfig
+from models.steps_torch import ChunkedAutoencoder
+from models.wan.config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
 
 CACHE_T = 2
 
@@ -230,7 +231,9 @@ class WanDecoder3d(nn.Module):
         return x, new
 
 
-class AutoencoderKLWan(nn.Module):
+class AutoencoderKLWan(ChunkedAutoencoder):
+    tiling_class = WanTiling
+
     def __init__(self, config: WanVAEConfig):
         super().__init__()
         self.config = config
@@ -239,24 +242,10 @@ class AutoencoderKLWan(nn.Module):
         self.post_quant_conv = WanCausalConv3d(config.z_dim, config.z_dim, 1)
         self.decoder = WanDecoder3d(config)
 
-    def run_step(self, block: nn.Module, x, cache):
-        """One encoder/decoder chunk. The torchax runtime replaces this with a compiled step."""
-        return block(x, cache)
-
     def encode(self, x: torch.Tensor) -> EncoderOutput:
         """(B, C, T, H, W) video; the first frame alone, then chunks of 4 (frames past the last are dropped)."""
-        chunks = [x[:, :, :1]] + [x[:, :, 1 + 4 * i: 5 + 4 * i] for i in range((x.shape[2] - 1) // 4)]
-        outs, cache = [], None
-        for chunk in chunks:
-            out, cache = self.run_step(self.encoder, chunk, cache)
-            outs.append(out)
-        return EncoderOutput(DiagonalGaussianDistribution(self.quant_conv(torch.cat(outs, dim=2))))
+        return EncoderOutput(DiagonalGaussianDistribution(self.run_chunks("encoder", x, encode_chunks(x.shape[2]))))
 
     def decode(self, z: torch.Tensor) -> DecoderOutput:
         """(B, z_dim, T, H, W) latents -> (B, C, 1 + 4*(T-1), 8H, 8W) video in [-1, 1], one latent frame a step."""
-        x = self.post_quant_conv(z)
-        outs, cache = [], None
-        for i in range(x.shape[2]):
-            out, cache = self.run_step(self.decoder, x[:, :, i:i + 1], cache)
-            outs.append(out)
-        return DecoderOutput(torch.cat(outs, dim=2).clamp(-1.0, 1.0))
+        return DecoderOutput(self.run_chunks("decoder", z, decode_chunks(z.shape[2])).clamp(-1.0, 1.0))

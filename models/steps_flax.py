@@ -1,0 +1,43 @@
+"""Running a Flax VAE chunk by chunk, shared by both families: one jitted step per chunk shape with the causal cache
+passed explicitly, on a mesh when given one, and tile by tile when tiling is on."""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.sharding import replicate, shard_activations
+from models.tiling import run_tiled
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def step(graphdef, part, state, x, cache):
+    """One chunk through the encoder (then quant_conv) or the decoder (after post_quant_conv); compiled once per
+    (chunk shape, first chunk or not). The 1x1x1 quant convs act per pixel, so applying them per chunk is exact."""
+    model = nnx.merge(graphdef, state)
+    if part == "decoder" and model.post_quant_conv is not None:
+        x = model.post_quant_conv(x)
+    x, cache = getattr(model, part)(x, cache)
+    if part == "encoder" and model.quant_conv is not None:
+        x = model.quant_conv(x)
+    return x, cache
+
+
+def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], mesh=None):
+    """x (B, T, H, W, C) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache carried
+    from one to the next; tile by tile when the model's tiling is on. With a mesh ("dp", "tp"), batch and width are
+    split over it (models/sharding.py)."""
+    graphdef, state = nnx.split(model)
+    state, x = replicate(state, mesh), shard_activations(x, mesh)
+
+    def run(x):
+        outs, cache = [], None
+        for start, end in bounds:
+            out, cache = step(graphdef, part, state, x[:, start:end], cache)
+            outs.append(out)
+        return jnp.concatenate(outs, axis=1)
+
+    return run_tiled(run, x, model.tile_plan(part), h_axis=2, concat=jnp.concatenate,
+                     as_array=lambda values, like: jnp.asarray(values, like.dtype))

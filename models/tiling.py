@@ -1,0 +1,102 @@
+"""Spatial tiling as diffusers' `enable_tiling` does it, shared by the four models (Flax and PyTorch, both families).
+
+A tiled encode or decode runs the untiled one on overlapping windows of the input, then, in row-major order, ramps
+each tile's first rows into its upper neighbour and its first columns into its left neighbour (both neighbours
+already blended, as diffusers' in-place loops leave them), keeps the leading part of each tile and stitches the kept
+parts. The tile sizes, strides, ramps and crops are diffusers', so results match `enable_tiling` within tolerance.
+Tiles of one size share one compiled step: a video compiles at most four tile shapes (inner, last column, last row,
+corner), each once for the first chunk and once for the rest.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class TilePlan:
+    """Tiling of one direction (encode or decode); (height, width) pairs. Input sizes are in the input's units
+    (latents for decode, pixels for encode), output sizes in the output's."""
+
+    tile: tuple[int, int]  # input window
+    stride: tuple[int, int]  # input distance between window starts
+    blend: tuple[int, int]  # output rows / columns ramped in from the upper / left neighbour
+    keep: tuple[int, int]  # output rows / columns each tile contributes
+    crop_scale: tuple[int, int] | None  # (num, den): crop to input size * num // den (Wan); None: no crop
+
+    def __post_init__(self):
+        if min(self.tile + self.stride) < 1:
+            raise ValueError(f"tiling: tile {self.tile} and stride {self.stride} must be at least 1 (tiles too small)")
+
+
+class TilingMixin:
+    """diffusers' `enable_tiling` / `disable_tiling`, same keywords. `tiling_class` is the family's settings dataclass
+    (fields named like diffusers' keywords, `plans(config)` -> {"encoder": TilePlan, "decoder": TilePlan})."""
+
+    tiling_class: type
+    tiling = None
+
+    def enable_tiling(self, **settings):
+        """Encode and decode large videos tile by tile; keywords left out (or None) take diffusers' defaults."""
+        self.tiling = self.tiling_class(**{k: v for k, v in settings.items() if v is not None})
+
+    def disable_tiling(self):
+        self.tiling = None
+
+    def tile_plan(self, part: str) -> TilePlan | None:
+        return None if self.tiling is None else self.tiling.plans(self.config)[part]
+
+
+def _window(x, h_axis: int, rows: slice, cols: slice):
+    index = [slice(None)] * x.ndim
+    index[h_axis], index[h_axis + 1] = rows, cols
+    return x[tuple(index)]
+
+
+def _take(x, axis: int, part: slice):
+    index = [slice(None)] * x.ndim
+    index[axis] = part
+    return x[tuple(index)]
+
+
+def _blend(a, b, axis: int, extent: int, concat: Callable, as_array: Callable):
+    """b with its first `extent` entries along `axis` ramped from a's last ones: a * (1 - y/e) + b * (y/e)."""
+    extent = min(a.shape[axis], b.shape[axis], extent)
+    if extent == 0:
+        return b
+    ramp = (np.arange(extent) / extent).reshape((extent,) + (1,) * (b.ndim - axis - 1))  # float64, as Python floats
+    head = (_take(a, axis, slice(a.shape[axis] - extent, None)) * as_array(1 - ramp, b)
+            + _take(b, axis, slice(0, extent)) * as_array(ramp, b))
+    return concat([head, _take(b, axis, slice(extent, None))], axis)
+
+
+def run_tiled(run: Callable, x, plan: TilePlan | None, *, h_axis: int, concat: Callable, as_array: Callable):
+    """`run(x)`, tile by tile when a plan is given and the input is larger than one tile.
+
+    x: any array with height at `h_axis` and width right after it; run: window -> output tile of the same layout;
+    concat(arrays, axis) and as_array(numpy float64 array, like) are the framework's.
+    """
+    height, width = x.shape[h_axis], x.shape[h_axis + 1]
+    if plan is None or (height <= plan.tile[0] and width <= plan.tile[1]):
+        return run(x)
+    (tile_h, tile_w), (stride_h, stride_w) = plan.tile, plan.stride
+    above, kept_rows = None, []
+    for i in range(0, height, stride_h):
+        row = []
+        for n, j in enumerate(range(0, width, stride_w)):
+            tile = run(_window(x, h_axis, slice(i, i + tile_h), slice(j, j + tile_w)))
+            if above is not None:
+                tile = _blend(above[n], tile, h_axis, plan.blend[0], concat, as_array)
+            if row:
+                tile = _blend(row[-1], tile, h_axis + 1, plan.blend[1], concat, as_array)
+            row.append(tile)
+        kept_rows.append(concat([_window(t, h_axis, slice(0, plan.keep[0]), slice(0, plan.keep[1])) for t in row],
+                                h_axis + 1))
+        above = row
+    out = concat(kept_rows, h_axis)
+    if plan.crop_scale is not None:
+        num, den = plan.crop_scale
+        out = _window(out, h_axis, slice(0, height * num // den), slice(0, width * num // den))
+    return out

@@ -1,0 +1,113 @@
+"""Spatial tiling: `enable_tiling` with the same settings must give diffusers' tiled results (fp32 max abs difference
+<= 1e-4) for both targets, encode and decode, on grids with short last rows and columns; each tile shape compiles
+once. Small tile settings keep the small test models tiling; diffusers' own results are checked to differ from the
+untiled ones, so a port that ignored tiling would fail."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+import converter
+from converter.validate import RUNNERS
+from tests.conftest import COG_SMALL, WAN_SMALL, run_cli, save_diffusers
+
+ATOL = 1e-4
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    model: str
+    diffusers_class: str
+    config: dict
+    tiling: dict  # enable_tiling keywords, the same for diffusers and for us
+    latent: tuple[int, int, int]  # (T, H, W)
+    video: tuple[int, int, int]
+
+
+CASES = {
+    # 4-latent tiles every 3: rows and columns of 4, 4, 1; the output cropped to 8x the input
+    "wan2.1": Case("wan2.1", "AutoencoderKLWan", WAN_SMALL,
+                   dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
+                        tile_sample_stride_width=24),
+                   latent=(2, 7, 7), video=(5, 56, 56)),
+    # 6x5-latent tiles every 5x4 with diffusers' overlap factors (1/6, 1/5); two frame batches
+    "cogvideox": Case("cogvideox-2b", "AutoencoderKLCogVideoX", COG_SMALL,
+                      dict(tile_sample_min_height=48, tile_sample_min_width=40),
+                      latent=(5, 8, 9), video=(9, 64, 72)),
+}
+
+
+@pytest.fixture(scope="module", params=list(CASES))
+def converted(request, tmp_path_factory):
+    case = CASES[request.param]
+    root = tmp_path_factory.mktemp(request.param)
+    reference = save_diffusers(case.diffusers_class, root / "vae", case.config)
+    models = {}
+    for target in RUNNERS:
+        run_cli(case.model, "--source", root / "vae", "--to", target, "--out", root / target, "--no-validate")
+        models[target] = converter.load(root / target)
+        models[target].enable_tiling(**case.tiling)
+    return case, reference, models
+
+
+def _diffusers(reference, tiling: dict | None, run):
+    if tiling is None:
+        reference.disable_tiling()
+    else:
+        reference.enable_tiling(**tiling)
+    with torch.no_grad():
+        return run(reference)
+
+
+def _latent(case, reference, seed=0):
+    channels = reference.config.get("z_dim") or reference.config.latent_channels
+    return torch.randn(1, channels, *case.latent, generator=torch.Generator().manual_seed(seed))
+
+
+def _tile_shapes(plan, height, width) -> set[tuple[int, int]]:
+    return {(min(plan.tile[0], height - i), min(plan.tile[1], width - j))
+            for i in range(0, height, plan.stride[0]) for j in range(0, width, plan.stride[1])}
+
+
+def test_tiled_decode_matches_diffusers_and_compiles_each_tile_shape_once(converted):
+    from models.steps_flax import step
+
+    case, reference, models = converted
+    z = _latent(case, reference)
+    expected = _diffusers(reference, case.tiling, lambda vae: vae.decode(z).sample.numpy())
+    untiled = _diffusers(reference, None, lambda vae: vae.decode(z).sample.numpy())
+    assert expected.shape == untiled.shape
+    assert np.abs(expected - untiled).max() > 100 * ATOL  # the seams are blended: tiling changes the result
+    shapes = _tile_shapes(models["flax"].tile_plan("decoder"), *case.latent[1:])
+    assert len(shapes) == 4  # inner tiles, last column, last row, corner
+    for target, model in models.items():
+        compiled_before = step._cache_size()
+        got = RUNNERS[target](model).decode(z.numpy())
+        assert got.shape == expected.shape, target
+        assert np.abs(got - expected).max() <= ATOL, (target, np.abs(got - expected).max())
+        if target == "flax":
+            # tiles of one size share their steps: two per shape (the first chunk and the steady one), however
+            # many tiles and frames, and none anew for the next video (no other test compiles these steps)
+            assert step._cache_size() - compiled_before == 2 * len(shapes)
+            RUNNERS[target](model).decode(z.numpy() + 1)
+            assert step._cache_size() - compiled_before == 2 * len(shapes)
+
+
+def test_tiled_encode_matches_diffusers(converted):
+    case, reference, models = converted
+    x = torch.rand(1, 3, *case.video, generator=torch.Generator().manual_seed(1)) * 2 - 1
+
+    def encode(vae):
+        dist = vae.encode(x).latent_dist
+        return dist.mean.numpy(), dist.logvar.numpy()
+
+    expected = _diffusers(reference, case.tiling, encode)
+    untiled = _diffusers(reference, None, encode)
+    assert np.abs(expected[0] - untiled[0]).max() > 100 * ATOL
+    for target, model in models.items():
+        for got, want in zip(RUNNERS[target](model).encode(x.numpy()), expected):
+            assert got.shape == want.shape, target
+            assert np.abs(got - want).max() <= ATOL, (target, np.abs(got - want).max())
