@@ -26,6 +26,10 @@ CODES = {dtype: code for code, dtype in DTYPES.items()}
 MAX_HEADER = 100 * 1024 * 1024
 
 
+def nbytes(shape: tuple[int, ...], dtype) -> int:
+    return int(np.prod(shape)) * np.dtype(dtype).itemsize
+
+
 class SafetensorsFile:
     """Tensors of one .safetensors file as read-only numpy views of a memory map."""
 
@@ -80,7 +84,7 @@ class SafetensorsFile:
         if not isinstance(entry["shape"], list) or not isinstance(entry["data_offsets"], list) or \
                 len(entry["data_offsets"]) != 2:
             raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
-        if (end - begin) != int(np.prod(shape)) * dtype.itemsize:
+        if (end - begin) != nbytes(shape, dtype):
             raise InputError(f"{self.path}: corrupt header: tensor {name!r} has {end - begin} bytes for "
                              f"shape {list(shape)} {entry['dtype']}")
         self.specs[name] = (shape, dtype)
@@ -114,10 +118,9 @@ class SafetensorsWriter:
     def __init__(self, path: Path, specs: dict[str, tuple[tuple[int, ...], np.dtype]], metadata: dict[str, str]):
         header, offset = {"__metadata__": metadata}, 0
         for name, (shape, dtype) in specs.items():
-            nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
-            header[name] = {"dtype": CODES[np.dtype(dtype)], "shape": list(shape),
-                            "data_offsets": [offset, offset + nbytes]}
-            offset += nbytes
+            size = nbytes(shape, dtype)
+            header[name] = {"dtype": CODES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [offset, offset + size]}
+            offset += size
         encoded = json.dumps(header, separators=(",", ":")).encode()
         encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned, as the reference writer does
         self._pending = list(specs.items())
