@@ -14,6 +14,7 @@ import numpy as np
 from flax import nnx
 
 from models.cogvideox.config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
+from models.conv import time_tap_conv
 from models.steps_flax import run_chunks
 from models.tiling import TilingMixin
 
@@ -45,7 +46,7 @@ class CogVideoXCausalConv3d(nnx.Module):
         self.time_kernel_size = kernel_size[0]
         pad_h, pad_w = (kernel_size[1] - 1) // 2, (kernel_size[2] - 1) // 2
         self.conv = nnx.Conv(in_channels, out_channels, kernel_size, padding=((0, 0), (pad_h, pad_h), (pad_w, pad_w)),
-                             rngs=rngs, param_dtype=param_dtype)
+                             rngs=rngs, param_dtype=param_dtype, conv_general_dilated=time_tap_conv)
 
     def __call__(self, x, cache=None):
         if self.time_kernel_size == 1:

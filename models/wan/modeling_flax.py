@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.conv import time_tap_conv
 from models.steps_flax import run_chunks
 from models.tiling import TilingMixin
 from models.wan.config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
@@ -29,7 +30,7 @@ class WanCausalConv3d(nnx.Conv):
     def __init__(self, in_channels, out_channels, kernel_size, *, padding, rngs, param_dtype):
         pt, ph, pw = _triple(padding)
         super().__init__(in_channels, out_channels, _triple(kernel_size), padding=((0, 0), (ph, ph), (pw, pw)),
-                         rngs=rngs, param_dtype=param_dtype)
+                         rngs=rngs, param_dtype=param_dtype, conv_general_dilated=time_tap_conv)
         self.history = 2 * pt
 
     def __call__(self, x, cache=None):
