@@ -109,12 +109,12 @@ def read_weights(out_dir: Path, target: str, fmt: str, family: Family, config, d
     sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
     template = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
                             nnx.to_pure_dict(abstract))
-    saved = ocp.pytree_metadata(path, checkpointable_name=ORBAX_ITEM).metadata
+    saved = ocp.metadata(path, checkpointable_name=ORBAX_ITEM).metadata
     saved_dtypes = {p: m.dtype for p, m in jax.tree_util.tree_leaves_with_path(saved)}
     for p, leaf in jax.tree_util.tree_leaves_with_path(template):
         # Orbax would cast silently to the template's dtype; a mismatch means a wrong manifest or checkpoint.
         if p in saved_dtypes and np.dtype(saved_dtypes[p]) != np.dtype(leaf.dtype):
             raise InputError(f"{path}: leaf {jax.tree_util.keystr(p)} is {saved_dtypes[p]}, expected {leaf.dtype}")
-    restored = ocp.load_pytree(path, template, checkpointable_name=ORBAX_ITEM)
+    restored = ocp.load(path, template, checkpointable_name=ORBAX_ITEM)
     return {tuple(getattr(k, "key", getattr(k, "idx", None)) for k in p): leaf
             for p, leaf in jax.tree_util.tree_leaves_with_path(restored)}
