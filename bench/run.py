@@ -1,6 +1,6 @@
 """One command that measures conversion, loading, decode and encode, and writes a Markdown table and JSON.
 
-    python -m bench.run                 # full-size Wan 2.1 and CogVideoX (random weights), about 10 min on 2 cores
+    python -m bench.run                 # full-size Wan 2.1 and CogVideoX (random weights), about 7 min on 2 cores
     python -m bench.run --smoke         # small widths, for the test suite (under a minute)
 
 Every measurement runs in a fresh process, so peak memory and first-call (compile) times are its own. Checkpoints
