@@ -52,6 +52,20 @@ def save_diffusers(class_name: str, path: Path, config: dict, seed: int = 0) -> 
     return model
 
 
+def converted_by_cli(model: str, diffusers_class: str, config: dict, root: Path, *cli_args) -> tuple:
+    """A diffusers checkpoint saved under root/vae, converted to every target through the CLI and loaded back:
+    (the diffusers model, {target: loaded model})."""
+    import converter
+    from converter.validate import RUNNERS
+
+    reference = save_diffusers(diffusers_class, root / "vae", config)
+    models = {}
+    for target in RUNNERS:
+        run_cli(model, "--source", root / "vae", "--to", target, "--out", root / target, *cli_args)
+        models[target] = converter.load(root / target)
+    return reference, models
+
+
 @pytest.fixture(scope="session")
 def wan_small(tmp_path_factory):
     path = tmp_path_factory.mktemp("wan_small") / "vae"

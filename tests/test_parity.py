@@ -12,7 +12,7 @@ import torch
 
 import converter
 from converter.validate import RUNNERS
-from tests.conftest import COG_OTHER, COG_SMALL, WAN_OTHER, WAN_SMALL, run_cli, save_diffusers
+from tests.conftest import COG_OTHER, COG_SMALL, WAN_OTHER, WAN_SMALL, converted_by_cli, run_cli, save_diffusers
 
 ATOL = 1e-4
 
@@ -42,13 +42,9 @@ CASES = {
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(request, tmp_path_factory):
     case = CASES[request.param]
-    root = tmp_path_factory.mktemp(request.param)
-    reference = save_diffusers(case.diffusers_class, root / "vae", case.config)
-    runners = {}
-    for target in RUNNERS:
-        run_cli(case.model, "--source", root / "vae", "--to", target, "--out", root / target)
-        runners[target] = RUNNERS[target](converter.load(root / target))
-    return case, reference, runners
+    reference, models = converted_by_cli(case.model, case.diffusers_class, case.config,
+                                         tmp_path_factory.mktemp(request.param))
+    return case, reference, {target: RUNNERS[target](model) for target, model in models.items()}
 
 
 def _latent_channels(reference):

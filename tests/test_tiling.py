@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-import converter
 from converter.validate import RUNNERS
-from tests.conftest import COG_SMALL, WAN_SMALL, run_cli, save_diffusers
+from tests.conftest import COG_SMALL, WAN_SMALL, converted_by_cli
 
 ATOL = 1e-4
 
@@ -45,13 +44,10 @@ CASES = {
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(request, tmp_path_factory):
     case = CASES[request.param]
-    root = tmp_path_factory.mktemp(request.param)
-    reference = save_diffusers(case.diffusers_class, root / "vae", case.config)
-    models = {}
-    for target in RUNNERS:
-        run_cli(case.model, "--source", root / "vae", "--to", target, "--out", root / target, "--no-validate")
-        models[target] = converter.load(root / target)
-        models[target].enable_tiling(**case.tiling)
+    reference, models = converted_by_cli(case.model, case.diffusers_class, case.config,
+                                         tmp_path_factory.mktemp(request.param), "--no-validate")
+    for model in models.values():
+        model.enable_tiling(**case.tiling)
     return case, reference, models
 
 
