@@ -49,16 +49,14 @@ class TilingMixin:
         return None if self.tiling is None else self.tiling.plans(self.config)[part]
 
 
-def _window(x, h_axis: int, rows: slice, cols: slice):
-    index = [slice(None)] * x.ndim
-    index[h_axis], index[h_axis + 1] = rows, cols
-    return x[tuple(index)]
-
-
 def _take(x, axis: int, part: slice):
     index = [slice(None)] * x.ndim
     index[axis] = part
     return x[tuple(index)]
+
+
+def _window(x, h_axis: int, rows: slice, cols: slice):
+    return _take(_take(x, h_axis, rows), h_axis + 1, cols)
 
 
 def _blend(a, b, axis: int, extent: int, concat: Callable, as_array: Callable):

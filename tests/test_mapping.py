@@ -26,20 +26,18 @@ def _mapping(tmp_path, text=RULES):
     return load_mapping(path)
 
 
+def _layers(n, weight_name, weight_shape):
+    """n conv layers, each a weight (by the side's name and layout) and a bias of 8."""
+    return {key: shape for i in range(n)
+            for key, shape in ((f"blocks.{i}.conv.{weight_name}", weight_shape), (f"blocks.{i}.conv.bias", (8,)))}
+
+
 def _source(n):
-    out = {}
-    for i in range(n):
-        out[f"blocks.{i}.conv.weight"] = (8, 4, 3, 3)
-        out[f"blocks.{i}.conv.bias"] = (8,)
-    return out
+    return _layers(n, "weight", (8, 4, 3, 3))
 
 
 def _targets(n):
-    out = {}
-    for i in range(n):
-        out[f"blocks.{i}.conv.kernel"] = (3, 3, 4, 8)
-        out[f"blocks.{i}.conv.bias"] = (8,)
-    return out
+    return _layers(n, "kernel", (3, 3, 4, 8))
 
 
 def test_indices_past_ten_pair_by_index_not_sort_order(tmp_path):
