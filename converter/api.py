@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 
 from converter import targets
-from converter.convert import DTYPES, read_manifest
+from converter.convert import DTYPES
+from converter.output import read_manifest
 from converter.errors import InputError
 from converter.registry import FAMILIES
 

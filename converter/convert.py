@@ -5,9 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
-import shutil
-import tempfile
 import time
 from pathlib import Path
 
@@ -16,11 +13,11 @@ import numpy as np
 
 from converter import __version__, mapping, sources, targets, validate
 from converter.errors import InputError, OutputError, ValidationError
+from converter.output import MANIFEST, TOOL, OutputFolder, write_json
 from converter.registry import FAMILIES, ModelEntry, family_for_class
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
           "float16": np.dtype(np.float16)}
-MANIFEST = "vae_convert.json"
 
 
 @dataclasses.dataclass
@@ -45,7 +42,7 @@ def dry_run(req: Request) -> str:
     """What a conversion would fetch, read and write; fetches and writes nothing."""
     from converter import hub
 
-    entry, out = req.model, req.out.resolve()
+    entry, folder = req.model, OutputFolder(req.out, req.force)
     lines = []
     location = sources.hub_location(entry, req.source, req.revision)
     if location is not None:
@@ -53,14 +50,22 @@ def dry_run(req: Request) -> str:
         files = hub.planned_files(repo_id, entry.subfolder, revision, req.offline)
         lines += [f"source: {repo_id}@{revision}, subfolder {entry.subfolder}/", hub.describe_plan(files)]
     else:
-        lines.append(f"source: {req.source} (local)")
+        lines.append(f"source: {Path(req.source).expanduser().absolute()} (local)")
     fmt = req.fmt or targets.FORMATS[req.target][0]
-    lines.append(f"output: {out} ({req.target}, {fmt}, dtype {req.dtype}"
-                 f"{', replacing the existing output' if out.exists() and req.force else ''})")
-    if out.exists() and not req.force:
-        lines.append("  ✗ it exists: a conversion would stop here without --force")
+    replacing = req.force and folder.out.exists()
+    lines.append(f"output: {folder.out} ({req.target}, {fmt}, dtype {req.dtype}"
+                 f"{', replacing the existing output' if replacing else ''})")
+    refusal, plan = folder.refusal(), None
     if location is None or all(f["cached"] for f in files):
-        plan = make_plan(req, sources.resolve(entry, req.source, req.revision, offline=True))
+        source = sources.resolve(entry, req.source, req.revision, offline=True)
+        try:
+            folder.check_not_source(source.protected)
+        except OutputError as e:
+            refusal = str(e)
+        plan = make_plan(req, source)
+    if refusal:
+        lines.append(f"  ✗ {refusal}: a conversion would stop here")
+    if plan is not None:
         lines.append(f"plan: {len(plan.assignments)} tensors, every key mapped to a {req.target} leaf "
                      f"({targets.WEIGHT_FILES[(req.target, fmt)]})")
     if req.push_to_hub:
@@ -194,38 +199,36 @@ def convert(req: Request) -> Summary:
     if fmt not in targets.FORMATS[req.target]:
         raise InputError(f"--format {fmt} is not available for --to {req.target} "
                          f"(choose from {', '.join(targets.FORMATS[req.target])})")
-    out = req.out.resolve()
-    recover_interrupted(out)
-    if out.exists() and not req.force:
-        raise OutputError(f"{out} exists; pass --force to replace it (the old output stays until the new one is done)")
+    folder = OutputFolder(req.out, req.force, say=_say)
+    if sources.hub_location(req.model, req.source, req.revision) is None:
+        folder.check_not_source([Path(req.source).expanduser()])
+    folder.check()
+    out = folder.out
     if req.push_to_hub:
         from converter.hub import check_write_access
 
         check_write_access(req.push_to_hub)
 
     source = sources.resolve(req.model, req.source, req.revision, req.offline)
+    folder.check_not_source(source.protected)
     plan = make_plan(req, source)
     dtype = choose_dtype(req.dtype, plan.weights)
 
-    work = _make_work_dir(out)
-    try:
+    with folder as work:
         provenance = source.start_hashing()
         manifest = {
-            "tool": "vae-convert", "version": __version__, "family": family.name, "model": req.model.name,
+            "tool": TOOL, "version": __version__, "family": family.name, "model": req.model.name,
             "target": req.target, "format": fmt, "dtype": dtype.name,
-            "mapping": {"file": plan.mapping_path.name,
+            "mapping": {"file": str(req.mapping_file.absolute()) if req.mapping_file else plan.mapping_path.name,
                         "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest()},
         }
         specs = {a.target_key: (plan.target_shapes[a.target_key], dtype) for a in plan.assignments}
         nbytes = _write_weights(work, req, fmt, plan.assignments, plan.weights, specs, manifest)
         manifest["source"] = provenance()
-        _write_json(work / "config.json", plan.config.to_dict())
-        _write_json(work / MANIFEST, manifest)
+        write_json(work / "config.json", plan.config.to_dict())
+        write_json(work / MANIFEST, manifest)
         checks = _validate(req, family, plan.config, plan.weights, dtype, work, manifest, out)
-        _move_into_place(work, out)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
+        folder.commit()
     failed = [c for c in checks if not c.ok]
     if failed:  # only reached with --keep-invalid: the output is kept, marked invalid, and the run still fails
         raise ValidationError(f"{_failure(failed)}; kept at {out} because of --keep-invalid")
@@ -243,7 +246,7 @@ def _validate(req, family, config, weights, dtype, work, manifest, out) -> list:
     checks = validate.run(family, config, req.target, load(work), weights, dtype)
     manifest["validation"] = {"rtol": validate.RTOL, "ok": all(c.ok for c in checks),
                               "checks": [c.as_dict() for c in checks]}
-    _write_json(work / MANIFEST, manifest)
+    write_json(work / MANIFEST, manifest)
     _say("\n".join(c.line() for c in checks))
     failed = [c for c in checks if not c.ok]
     if failed and not req.keep_invalid:
@@ -277,78 +280,3 @@ def _write_weights(work, req, fmt, assignments, weights, specs, manifest) -> int
     except OSError as e:
         raise OutputError(f"cannot write to {work.parent}: {e.strerror or e}") from None
     return nbytes
-
-
-def _write_json(path: Path, content: dict):
-    path.write_text(json.dumps(content, indent=2) + "\n")
-
-
-# Work and backup folders are siblings of --out named with the owner's pid, so a later run can tell a folder
-# of a killed run (pid gone) from one in use, and clean or restore it.
-def _sibling(out: Path, kind: str) -> str:
-    return f".{out.name}.{kind}-"
-
-
-def _make_work_dir(out: Path) -> Path:
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        work = Path(tempfile.mkdtemp(prefix=f"{_sibling(out, 'tmp')}{os.getpid()}-", dir=out.parent))
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(work, 0o777 & ~umask)  # mkdtemp makes it private; the output should get normal permissions
-    except OSError as e:
-        raise OutputError(f"cannot create the output next to {out}: {e.strerror or e}") from None
-    return work
-
-
-def _owner_alive(folder: Path, prefix: str) -> bool:
-    pid = folder.name[len(prefix):].split("-", 1)[0]
-    if not pid.isdigit():
-        return True  # not ours to touch
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def recover_interrupted(out: Path):
-    """Cleans up after a run that was killed: its work folder goes; a previous output it had moved aside for
-    --force comes back if the new one never arrived."""
-    if not out.parent.is_dir():
-        return
-    for kind in ("old", "tmp"):
-        prefix = _sibling(out, kind)
-        for folder in sorted(out.parent.glob(prefix + "*")):
-            if _owner_alive(folder, prefix):
-                continue
-            if kind == "old" and (folder / "previous").exists() and not out.exists():
-                os.rename(folder / "previous", out)
-                _say(f"restored the previous output at {out} (a killed --force run had moved it aside)")
-            shutil.rmtree(folder, ignore_errors=True)
-
-
-def _move_into_place(work: Path, out: Path):
-    """Renames the finished output into place; an old output is only removed once the new one is there."""
-    try:
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f"{_sibling(out, 'old')}{os.getpid()}-", dir=out.parent))
-            os.rename(out, old / "previous")
-        os.rename(work, out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except OSError as e:
-        raise OutputError(f"cannot move the output into place at {out}: {e.strerror or e}") from None
-
-
-def read_manifest(path: Path) -> dict:
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except (OSError, ValueError):
-        raise InputError(f"{path}: not a vae-convert output ({MANIFEST} is missing or unreadable)") from None
-    if manifest.get("family") not in FAMILIES:
-        raise InputError(f"{path}: unknown family {manifest.get('family')!r} in {MANIFEST}")
-    return manifest

@@ -150,7 +150,7 @@ def publish(out_dir: Path, repo_id: str, private: bool, revision: str | None, cr
     """Uploads a converted output folder with a generated model card; returns the commit (or PR) URL."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    from converter.convert import read_manifest
+    from converter.output import read_manifest
 
     manifest = read_manifest(out_dir)
     api = HfApi()

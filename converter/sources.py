@@ -112,8 +112,13 @@ def _tensor_to_numpy(tensor) -> np.ndarray:
 class Source:
     weight_files: list[Path]
     config: dict | None
-    origin: str  # what the user named: a path or a repo id
+    origin: str  # what the user named: an absolute path or a repo id
     revision: str | None = None  # the resolved Hub commit
+
+    @property
+    def protected(self) -> list[Path]:
+        """What an output must never replace: the source as named and its files."""
+        return ([] if self.revision else [Path(self.origin)]) + list(self.weight_files)
 
     def start_hashing(self) -> Callable[[], dict]:
         """Starts hashing local files in a thread (hashlib releases the GIL, so it overlaps the conversion);
@@ -159,7 +164,7 @@ def resolve(entry: ModelEntry, source: str | None, revision: str | None, offline
     hub = hub_location(entry, source, revision)
     if hub is not None:
         return _from_hub(*hub, entry.subfolder, offline)
-    resolved = _from_path(Path(source).expanduser())
+    resolved = _from_path(Path(source).expanduser().absolute())
     if resolved.config is None:  # a lone weights file: the registry model's config
         resolved.config = dict(entry.config)
     return resolved

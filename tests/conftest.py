@@ -23,11 +23,11 @@ COG_OTHER = dict(block_out_channels=[16, 32], down_block_types=["CogVideoXDownBl
                  temporal_compression_ratio=2, norm_num_groups=4, use_quant_conv=True, use_post_quant_conv=True)
 
 
-def run_cli(*args, check=True, **kwargs) -> subprocess.CompletedProcess:
+def run_cli(*args, check=True, cwd=REPO, **kwargs) -> subprocess.CompletedProcess:
     """Runs `vae-convert` as a user would, in a fresh process."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     result = subprocess.run([sys.executable, "-m", "converter", *map(str, args)], capture_output=True, text=True,
-                            cwd=REPO, env=env, **kwargs)
+                            cwd=cwd, env=env, **kwargs)
     if check and result.returncode != 0:
         raise AssertionError(f"vae-convert {' '.join(map(str, args))} exited {result.returncode}:\n"
                              f"{result.stdout}\n{result.stderr}")
@@ -83,6 +83,14 @@ def edited_copy(source: Path, folder: Path, edit) -> Path:
     state = load_file(weights)
     edit(state)
     save_file(state, weights)
+    return folder
+
+
+def earlier_output(folder: Path, text: str = "previous output") -> Path:
+    """A folder that passes for an earlier vae-convert output (its manifest is there), holding old.txt."""
+    folder.mkdir(parents=True)
+    (folder / "vae_convert.json").write_text(json.dumps({"tool": "vae-convert"}))
+    (folder / "old.txt").write_text(text)
     return folder
 
 

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from converter.errors import InputError, OutputError
-from tests.conftest import edited_copy, manifest, run_cli
+from tests.conftest import earlier_output, edited_copy, manifest, run_cli
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -94,12 +94,10 @@ def test_missing_source(tmp_path):
 
 def test_existing_out_needs_force(wan_small, tmp_path):
     source, _ = wan_small
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "keep.txt").write_text("old")
+    out = earlier_output(tmp_path / "out", "old")
     result = run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", out, "--no-validate", check=False)
     assert result.returncode == OutputError.exit_code and "--force" in result.stderr
-    assert (out / "keep.txt").read_text() == "old"
+    assert (out / "old.txt").read_text() == "old"
     run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", out, "--no-validate", "--force")
-    assert not (out / "keep.txt").exists() and manifest(out)["target"] == "torchax"
+    assert not (out / "old.txt").exists() and manifest(out)["target"] == "torchax"
     assert [p.name for p in tmp_path.iterdir()] == ["out"]

@@ -18,7 +18,7 @@ import torch
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
 from converter.mapping import MAPPINGS_DIR
 from converter.safetensors_io import SafetensorsFile
-from tests.conftest import REPO, edited_copy, manifest, run_cli
+from tests.conftest import REPO, earlier_output, edited_copy, manifest, run_cli
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -129,9 +129,7 @@ def _swapped_hw_mapping(tmp_path):
 
 def test_validation_failure_leaves_nothing_and_keeps_old_output(wan_small, tmp_path):
     source, _ = wan_small
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "old.txt").write_text("previous output")
+    out = earlier_output(tmp_path / "out")
     line = _fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", _swapped_hw_mapping(tmp_path),
                    "--out", out, "--force"], ValidationError.exit_code, "validation failed for decode")
     assert re.search(r"max \|Δ\| \S+ > tol", line)
@@ -197,9 +195,7 @@ def _dead_pid() -> int:
 
 def test_output_moved_aside_by_a_killed_force_run_is_restored(wan_small, tmp_path):
     source, _ = wan_small
-    previous = tmp_path / f".out.old-{_dead_pid()}-abc" / "previous"
-    previous.mkdir(parents=True)
-    (previous / "old.txt").write_text("previous output")
+    earlier_output(tmp_path / f".out.old-{_dead_pid()}-abc" / "previous")
     _fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out"], OutputError.exit_code,
            "exists; pass --force")
     assert (tmp_path / "out" / "old.txt").read_text() == "previous output"

@@ -1,0 +1,219 @@
+"""The output folder as a transaction: everything is written into a work folder beside --out, and only a finished,
+validated output is renamed into place.
+
+What it guarantees:
+- --out is never the source, nor a folder that holds it, with or without --force.
+- --force replaces only an earlier vae-convert output (its manifest is there) or an empty folder; anything else is
+  refused, naming what is there.
+- The final rename refuses an existing target (renameat2 with RENAME_NOREPLACE, where the kernel has it; a plain
+  rename of a folder onto a non-empty folder fails anyway): a run without --force never replaces an output that
+  another run wrote after it started.
+- An old output replaced under --force is moved aside first and only deleted once the new one is in place; if the
+  new one cannot be moved in, the old one goes back.
+- Work and backup folders carry the owner's pid, so a later run can tell a killed run's leftovers from a live run's
+  folders, remove them, and put back an output that a killed --force run had moved aside.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Callable, Iterable
+
+from converter.errors import InputError, OutputError
+
+MANIFEST = "vae_convert.json"
+TOOL = "vae-convert"
+
+
+def write_json(path: Path, content: dict):
+    path.write_text(json.dumps(content, indent=2) + "\n")
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of an output folder, or an InputError saying the folder is no vae-convert output."""
+    try:
+        manifest = json.loads((Path(path) / MANIFEST).read_text())
+    except (OSError, ValueError):
+        raise InputError(f"{path}: not a vae-convert output ({MANIFEST} is missing or unreadable)") from None
+    if not isinstance(manifest, dict) or manifest.get("tool") != TOOL:
+        raise InputError(f"{path}: not a vae-convert output ({MANIFEST} was not written by {TOOL})")
+    return manifest
+
+
+def is_output(path: Path) -> bool:
+    try:
+        read_manifest(path)
+    except InputError:
+        return False
+    return True
+
+
+def _describe(folder: Path, n: int = 3) -> str:
+    if not folder.is_dir():
+        return "a file"
+    names = sorted(p.name + ("/" if p.is_dir() else "") for p in folder.iterdir())
+    return ", ".join(names[:n]) + (f" and {len(names) - n} more" if len(names) > n else "")
+
+
+def _sibling_prefix(out: Path, kind: str) -> str:
+    return f".{out.name}.{kind}-"
+
+
+class OutputFolder:
+    """--out for one run. `check()` before any work, `check_not_source(paths)` once the source is known, then
+    `with folder as work:` ... `folder.commit()`; leaving the block without a commit removes the work folder."""
+
+    def __init__(self, out: Path, force: bool, say: Callable[[str], None] = lambda message: None):
+        self.out = Path(out).expanduser().absolute()
+        self.force = force
+        self.say = say
+        self.work: Path | None = None
+        self.committed = False
+
+    def check(self):
+        """Whether --out may be written at all; also cleans up after killed runs at the same --out."""
+        self.recover_interrupted()
+        refusal = self.refusal()
+        if refusal:
+            raise OutputError(refusal)
+
+    def refusal(self) -> str | None:
+        """Why --out cannot be written now, or None; changes nothing (dry runs ask this)."""
+        if not os.path.lexists(self.out):
+            return None
+        if not self._replaceable():
+            return (f"{self.out} exists and is not a vae-convert output (it holds {_describe(self.out)}); refusing "
+                    f"to replace it{' even with --force' if self.force else ''}: choose another --out")
+        if not self.force:
+            return f"{self.out} exists; pass --force to replace it (the old output stays until the new one is done)"
+        return None
+
+    def _replaceable(self) -> bool:
+        return self.out.is_dir() and not self.out.is_symlink() and (not any(self.out.iterdir()) or
+                                                                     is_output(self.out))
+
+    def check_not_source(self, paths: Iterable[Path]):
+        """--out must not be the source or hold it: replacing --out would delete the user's checkpoint."""
+        out = self.out.resolve()
+        for path in paths:
+            real = Path(path).resolve()
+            if real == out or out in real.parents:
+                raise OutputError(f"--out {self.out} is the source or holds it ({path}); refusing to write there, "
+                                  f"with or without --force: choose another --out")
+
+    def __enter__(self) -> Path:
+        try:
+            self.out.parent.mkdir(parents=True, exist_ok=True)
+            work = tempfile.mkdtemp(prefix=f"{_sibling_prefix(self.out, 'tmp')}{os.getpid()}-", dir=self.out.parent)
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(work, 0o777 & ~umask)  # mkdtemp makes it private; the output should get normal permissions
+        except OSError as e:
+            raise OutputError(f"cannot create the output next to {self.out}: {e.strerror or e}") from None
+        self.work = Path(work)
+        return self.work
+
+    def __exit__(self, *exc_info):
+        if not self.committed:
+            _remove(self.work)
+        return False
+
+    def commit(self):
+        """Moves the finished work folder into place. Without --force an output that appeared meanwhile is kept and
+        this run fails; with --force it is moved aside, and deleted only once the new output is in place."""
+        old = None
+        try:
+            if self.force and os.path.lexists(self.out):
+                if not self._replaceable():  # it changed since check()
+                    raise OutputError(f"{self.out} changed during the conversion and is no longer a vae-convert "
+                                      f"output (it holds {_describe(self.out)}); not replacing it")
+                old = Path(tempfile.mkdtemp(prefix=f"{_sibling_prefix(self.out, 'old')}{os.getpid()}-",
+                                            dir=self.out.parent))
+                os.rename(self.out, old / "previous")
+            try:
+                _rename_noreplace(self.work, self.out)
+            except BaseException:
+                if old is not None:
+                    os.rename(old / "previous", self.out)
+                raise
+        except FileExistsError:
+            raise OutputError(f"another run wrote {self.out} first; its output is kept and this one discarded "
+                              f"(pass --force to replace it)") from None
+        except OSError as e:
+            raise OutputError(f"cannot move the output into place at {self.out}: {e.strerror or e}") from None
+        self.committed = True
+        if old is not None:
+            _remove(old)
+
+    def recover_interrupted(self):
+        """Cleans up after runs that were killed: their work folders go; a previous output one had moved aside for
+        --force comes back if the new one never arrived."""
+        parent = self.out.parent
+        if not parent.is_dir():
+            return
+        for kind in ("old", "tmp"):
+            prefix = _sibling_prefix(self.out, kind)
+            for folder in sorted(parent.glob(prefix + "*")):
+                if _owner_alive(folder, prefix):
+                    continue
+                if kind == "old" and (folder / "previous").exists() and not os.path.lexists(self.out):
+                    os.rename(folder / "previous", self.out)
+                    self.say(f"restored the previous output at {self.out} (a killed --force run had moved it aside)")
+                _remove(folder)
+
+
+def _owner_alive(folder: Path, prefix: str) -> bool:
+    pid = folder.name[len(prefix):].split("-", 1)[0]
+    if not pid.isdigit():
+        return True  # not ours to touch
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove(folder: Path | None):
+    """Removes a work or backup folder. It is renamed first, so that a writer thread still finishing a file (Orbax
+    writes from threads) cannot recreate anything under the old name once it is gone."""
+    if folder is None or not os.path.lexists(folder):
+        return
+    trash = folder.with_name(folder.name + ".removing")
+    try:
+        os.rename(folder, trash)
+    except OSError:
+        trash = folder
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+_AT_FDCWD = -100
+_RENAME_NOREPLACE = 1
+
+
+def _rename_noreplace(source: Path, target: Path):
+    """rename(2) that fails with FileExistsError when `target` exists, atomically (Linux renameat2); where the kernel
+    or filesystem lacks it, a plain rename, which cannot replace a non-empty folder either."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is not None:
+        if renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) == 0:
+            return
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            raise FileExistsError(err, os.strerror(err), str(target))
+        if err not in (errno.EINVAL, errno.ENOSYS):
+            raise OSError(err, os.strerror(err), str(target))
+    if os.path.lexists(target) and not target.is_dir():
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
+    try:
+        os.rename(source, target)
+    except OSError as e:
+        if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            raise FileExistsError(e.errno, e.strerror, str(target)) from None
+        raise

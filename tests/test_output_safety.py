@@ -1,0 +1,100 @@
+"""--out never destroys what the user did not ask to replace: not the source, not a folder that holds it, not a
+folder that is no vae-convert output, and not another run's output that appeared while this one was converting."""
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from converter.errors import OutputError
+from converter.output import _rename_noreplace
+from tests.conftest import REPO, earlier_output, manifest, run_cli
+
+
+def _snapshot(folder):
+    """Every file below `folder` with its sha256: what must still be there, byte for byte."""
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _refused(args, cwd, *needles):
+    result = run_cli(*args, check=False, cwd=cwd)
+    assert result.returncode == OutputError.exit_code, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+@pytest.fixture
+def project(wan_small, tmp_path):
+    """proj/ holding a diffusers checkpoint in vae/ and an unrelated notes.txt."""
+    source, _ = wan_small
+    shutil.copytree(source, tmp_path / "proj" / "vae")
+    (tmp_path / "proj" / "notes.txt").write_text("my notes")
+    return tmp_path / "proj"
+
+
+@pytest.mark.parametrize("force", [[], ["--force"]])
+@pytest.mark.parametrize("case", ["out-is-source", "out-holds-source", "out-is-cwd-holding-source"])
+def test_out_that_is_or_holds_the_source_is_refused(project, case, force):
+    before = _snapshot(project.parent)
+    source, out, cwd = {
+        "out-is-source": (project / "vae", project / "vae", REPO),
+        "out-holds-source": (project / "vae", project, REPO),
+        "out-is-cwd-holding-source": ("vae", ".", project),
+    }[case]
+    _refused(["wan2.1", "--source", source, "--to", "torchax", "--out", out, *force], cwd, "is the source or holds it")
+    assert _snapshot(project.parent) == before
+
+
+def test_force_refuses_a_folder_that_is_no_output(wan_small, tmp_path):
+    source, _ = wan_small
+    out = tmp_path / "home"
+    (out / "docs").mkdir(parents=True)
+    (out / "notes.txt").write_text("mine")
+    before = _snapshot(tmp_path)
+    _refused(["wan2.1", "--source", source, "--to", "torchax", "--out", out, "--force"], REPO,
+             "is not a vae-convert output", "docs/, notes.txt", "even with --force")
+    assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
+
+
+def test_force_replaces_an_empty_folder_and_an_earlier_output(wan_small, tmp_path):
+    source, _ = wan_small
+    (tmp_path / "empty").mkdir()
+    run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "empty", "--force", "--no-validate")
+    earlier_output(tmp_path / "earlier")
+    run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "earlier", "--force", "--no-validate")
+    for name in ("empty", "earlier"):
+        assert manifest(tmp_path / name)["target"] == "torchax" and not (tmp_path / name / "old.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "empty"]
+
+
+def test_two_runs_racing_to_one_out(wan_small, tmp_path):
+    """Both pass the start-up check; whichever commits second must not replace the first one's output."""
+    source, _ = wan_small
+    out = tmp_path / "out"
+    runs = {target: subprocess.Popen([sys.executable, "-m", "converter", "wan2.1", "--source", str(source), "--to",
+                                      target, "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+            for target in ("flax", "torchax")}
+    results = {target: (run.wait(timeout=300), run.stderr.read()) for target, run in runs.items()}
+    winners = [t for t, (code, _) in results.items() if code == 0]
+    losers = [t for t, (code, _) in results.items() if code != 0]
+    assert len(winners) == 1 and len(losers) == 1, results
+    code, stderr = results[losers[0]]
+    assert code == OutputError.exit_code and "another run wrote" in stderr, stderr
+    assert manifest(out)["target"] == winners[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_the_final_rename_refuses_even_an_empty_target(tmp_path):
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "file").write_text("new")
+    (tmp_path / "target").mkdir()
+    with pytest.raises(FileExistsError):
+        _rename_noreplace(tmp_path / "work", tmp_path / "target")
+    assert (tmp_path / "work" / "file").exists() and not any((tmp_path / "target").iterdir())
