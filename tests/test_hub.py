@@ -89,7 +89,7 @@ def test_dry_run_fetches_and_writes_nothing(hub, tmp_path):
     result = run_cli("wan2.1", "--to", "flax", "--out", tmp_path / "out", "--dry-run")
     assert "cached  vae/diffusion_pytorch_model.safetensors" in result.stdout
     assert "plan: 194 tensors, every key mapped to a flax leaf" in result.stdout
-    assert "it exists: a conversion would stop here without --force" in result.stdout
+    assert "exists; pass --force" in result.stdout and "a conversion would stop here" in result.stdout
 
 
 def test_push_to_hub_commits_output_and_card(hub, tmp_path, wan_small, monkeypatch):
