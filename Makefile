@@ -18,7 +18,7 @@ $(VENV)/.installed: setup.cfg
 
 demo: install
 	rm -rf $(DEMO)
-	$(VENV)/bin/vae-convert sample wan2.1 $(DEMO)/wan2.1-random
+	$(VENV)/bin/vae-convert random-checkpoint wan2.1 $(DEMO)/wan2.1-random
 	$(VENV)/bin/vae-convert wan2.1 --source $(DEMO)/wan2.1-random --to flax --out $(DEMO)/wan2.1-flax
 	$(VENV)/bin/vae-convert wan2.1 --source $(DEMO)/wan2.1-random --to torchax --dtype bfloat16 --out $(DEMO)/wan2.1-torchax
 

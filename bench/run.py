@@ -4,7 +4,8 @@
     python -m bench.run --smoke         # small widths, for the test suite (under a minute)
 
 Every measurement runs in a fresh process, so peak memory and first-call (compile) times are its own. Checkpoints
-are made with `vae-convert sample` (the real architectures, random weights): timings do not depend on the values.
+are made with `vae-convert random-checkpoint` (the real architectures, random weights): timings do not depend on the
+values. The models measured are each registered family's first model name (converter/registry.py).
 """
 from __future__ import annotations
 
@@ -20,11 +21,23 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-CASES = {  # model -> (latent for decode, video for encode), channels-first
-    "wan2.1": ((1, 16, 3, 8, 8), (1, 3, 5, 64, 64)),
-    "cogvideox-2b": ((1, 16, 3, 8, 8), (1, 3, 9, 64, 64)),
-}
-SMOKE = {"wan2.1": ((1, 4, 2, 4, 4), (1, 3, 5, 32, 32))}  # one small model, two implementations, no cache pair
+
+
+def cases(smoke: bool) -> dict:
+    """model -> (latent for decode, video for encode), channels-first: each family's first model with its validation
+    frame counts at 8x8 latents (64x64 pixels); smoke: the first family at small widths and 4x4 latents."""
+    from converter.registry import FAMILIES, config_from_dict
+
+    result = {}
+    for family in list(FAMILIES.values())[:1] if smoke else FAMILIES.values():
+        entry = family.models[0]
+        config = config_from_dict(family, {**entry.config, **(family.small_configs["default-arch"] if smoke else {})})
+        size = 4 if smoke else 8
+        batch, channels, frames = family.validation_latent_shape(config)[:3]
+        video_batch, colors, video_frames = family.validation_video_shape(config)[:3]
+        result[entry.name] = ((batch, channels, frames, size, size), (video_batch, colors, video_frames, 8 * size,
+                                                                      8 * size))
+    return result
 
 
 # -- measurements, each run in its own process via `python -m bench.run --task ...` --------------------------
@@ -44,21 +57,23 @@ def _import_everything():
     import orbax.checkpoint  # noqa: F401
     import torch  # noqa: F401
 
-    from converter import convert, hub, targets, validate  # noqa: F401
+    from converter import pipeline, sources, targets, validate  # noqa: F401
     from converter.registry import FAMILIES
 
     for family in FAMILIES.values():
-        family.load("flax_cls"), family.load("torch_cls")
+        family.flax_model(), family.torch_model()
 
 
 def task_convert(source: str, out: str, model: str, target: str) -> dict:
-    from converter.convert import Request, convert
+    from converter.pipeline import Request, convert
     from converter.registry import get_model
+    from converter.targets import TARGETS
 
     _import_everything()
     baseline = _rss_mb("VmRSS")
     started = time.perf_counter()
-    convert(Request(get_model(model), source, None, True, target, None, "auto", Path(out), True, False))
+    convert(Request(model=get_model(model), target=TARGETS[target], out=Path(out), source=source, offline=True,
+                    force=True, validate=False))
     return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": _rss_mb("VmHWM") - baseline}
 
 
@@ -72,7 +87,7 @@ def task_naive(source: str, out: str, model: str) -> dict:
     from converter.safetensors_io import SafetensorsFile
 
     family = get_model(model).family
-    rules = mapping.load_mapping(family.mapping_path).rules("flax")
+    rules = mapping.load_mapping(mapping.MAPPINGS_DIR / family.mapping_file).rules("flax")
     _import_everything()
     baseline = _rss_mb("VmRSS")
     started = time.perf_counter()
@@ -83,7 +98,7 @@ def task_naive(source: str, out: str, model: str) -> dict:
         rule, match = next((r, m) for r in rules if (m := r.pattern.fullmatch(key)))
         converted[rule.target_key(match)] = np.ascontiguousarray(mapping.apply_ops(rule.ops, array))
     with ocp.StandardCheckpointer() as checkpointer:
-        checkpointer.save(Path(out) / targets.WEIGHT_FILES[("flax", "orbax")], mapping.nested(converted))
+        checkpointer.save(Path(out) / targets.TARGETS["flax"].weight_files["orbax"], mapping.nested(converted))
     return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": _rss_mb("VmHWM") - baseline}
 
 
@@ -114,15 +129,15 @@ def task_run(impl: str, path: str, latent: list, video: list, cache: str | None)
     import torch
 
     import converter
-    from converter.validate import RUNNERS
+    from converter.targets import TARGETS
 
     if cache:
         converter.enable_compile_cache(cache)
     rng = np.random.default_rng(0)
     z = rng.standard_normal(latent).astype(np.float32)
     x = rng.uniform(-1, 1, video).astype(np.float32)
-    if impl in RUNNERS:
-        runner = RUNNERS[impl](converter.load(path))
+    if impl in TARGETS:
+        runner = TARGETS[impl].runner(converter.load(path))
         decode, encode = (lambda: runner.decode(z)), (lambda: runner.encode(x))
     else:
         if impl == "diffusers":
@@ -162,10 +177,10 @@ def _vae_convert(*args):
     subprocess.run([sys.executable, "-m", "converter", *map(str, args)], cwd=REPO, check=True, capture_output=True)
 
 
-def measure_model(model: str, work: Path, smoke: bool) -> dict:
-    latent, video = SMOKE.get(model, CASES[model]) if smoke else CASES[model]
+def measure_model(model: str, shapes: tuple, work: Path, smoke: bool) -> dict:
+    latent, video = shapes
     source = work / f"{model}-source"
-    _vae_convert("sample", model, source, *(["--small"] if smoke else []))
+    _vae_convert("random-checkpoint", model, source, *(["--small"] if smoke else []))
     weights = source / "diffusion_pytorch_model.safetensors"
     size_mb = weights.stat().st_size / 1e6
     started = time.perf_counter()
@@ -247,9 +262,10 @@ def main():
     with tempfile.TemporaryDirectory(prefix="vae-convert-bench-") as work:
         results = {"device": _device(), "date": time.strftime("%Y-%m-%d %H:%M"),
                    "mode": "smoke" if args.smoke else "full", "models": {}}
-        for model in args.models or list(SMOKE if args.smoke else CASES):
+        measured = cases(args.smoke)
+        for model in args.models or list(measured):
             print(f"measuring {model} ...", file=sys.stderr)
-            results["models"][model] = measure_model(model, Path(work), args.smoke)
+            results["models"][model] = measure_model(model, measured[model], Path(work), args.smoke)
     args.out.mkdir(parents=True, exist_ok=True)
     name = "smoke" if args.smoke else "latest"
     (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")

@@ -1,5 +1,10 @@
-"""vae-convert: Hugging Face PyTorch video-VAE checkpoints -> Flax NNX (Orbax) or torchax (safetensors) weights."""
-__version__ = "0.1.0"
+"""vae-convert: Hugging Face PyTorch video-VAE checkpoints -> Flax NNX (Orbax) or torchax (safetensors) weights.
+
+The installed package holds the converter and, beneath it, `converter.models` (the implementations) and
+`converter.mappings` (the mapping files). `load` and `enable_compile_cache` import the rest on first use, so that
+`import converter` stays light.
+"""
+__version__ = "0.2.0"
 
 
 def load(path, mesh=None):

@@ -1,19 +1,24 @@
-"""The `vae-convert` command. `vae-convert MODEL --to flax|torchax --out DIR` converts (MODEL is a registry name);
-other subcommands: `sample`."""
+"""The `vae-convert` command, and the only module that prints. `vae-convert MODEL --to TARGET --out DIR` converts
+(MODEL is a name from `vae-convert list`); other subcommands: publish, list, check-mappings, random-checkpoint.
+
+Every failure is one line on stderr and a documented exit code (converter/errors.py); exit 1 is kept for bugs, whose
+traceback goes to a file the message names."""
 from __future__ import annotations
 
-import signal
-import sys
+import os
+import tempfile
 import traceback
 from pathlib import Path
 
 import click
 
 from converter import __version__
-from converter.errors import ConvertError
+from converter.errors import ConvertError, MappingError
 from converter.registry import MODELS, get_model
+from converter.targets import TARGETS
 
 EXIT_INTERRUPTED = 130
+FORMAT_NAMES = tuple(dict.fromkeys(fmt for target in TARGETS.values() for fmt in target.formats))
 
 
 class ModelGroup(click.Group):
@@ -25,7 +30,8 @@ class ModelGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
-@click.group(cls=ModelGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=ModelGroup, context_settings={"help_option_names": ["-h", "--help"]},
+             epilog=f"Models: {', '.join(MODELS)} (`vae-convert list` says more).")
 @click.version_option(__version__, prog_name="vae-convert")
 def cli():
     """Convert Hugging Face video-VAE checkpoints to Flax NNX (Orbax) or torchax (safetensors) weights.
@@ -37,18 +43,18 @@ def cli():
 
 
 @cli.command()
-@click.argument("model", type=click.Choice(sorted(MODELS)), metavar="MODEL")
-@click.option("--to", "target", type=click.Choice(["flax", "torchax"]), required=True, help="Target implementation.")
+@click.argument("model", type=click.Choice(list(MODELS)), metavar="MODEL")
+@click.option("--to", "target", type=click.Choice(list(TARGETS)), required=True, help="Target implementation.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory (must not exist).")
 @click.option("--source", help="Local diffusers folder, .safetensors file, shard index, or Hub repo id[@rev].")
 @click.option("--revision", help="Hub revision (branch, tag or commit) of the source.")
-@click.option("--format", "fmt", type=click.Choice(["orbax", "safetensors"]),
+@click.option("--format", "fmt", type=click.Choice(FORMAT_NAMES),
               help="Weights format: orbax (default for flax) or safetensors (default and only for torchax).")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="Output dtype; auto keeps the source's.")
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (also HF_HUB_OFFLINE=1).")
 @click.option("--no-validate", "skip_validation", is_flag=True, help="Skip the decode/encode check.")
-@click.option("--force", is_flag=True, help="Replace an existing --out (only once the new output is complete).")
+@click.option("--force", is_flag=True, help="Replace an earlier output at --out (only once the new one is complete).")
 @click.option("--keep-invalid", is_flag=True, help="Keep an output that fails validation (the exit code still says so).")
 @click.option("--allow-nonfinite", is_flag=True, help="Convert weights that hold NaN or Inf instead of refusing.")
 @click.option("--mapping", "mapping_file", type=click.Path(path_type=Path, dir_okay=False),
@@ -63,18 +69,34 @@ def cli():
 def convert(model, target, out, source, revision, fmt, dtype, offline, skip_validation, force, keep_invalid,
             allow_nonfinite, mapping_file, dry_run, push_to_hub, private, push_revision, create_pr, commit_message,
             verbose):
-    """Convert MODEL's VAE (see `vae-convert --help` for names) to --to's weights at --out."""
-    from converter.convert import Request, convert as run, dry_run as plan
+    """Convert MODEL's VAE (names: `vae-convert list`) to --to's weights at --out."""
 
-    request = Request(get_model(model), source, revision, offline, target, fmt, dtype, out, force,
-                      not skip_validation, mapping_file, allow_nonfinite, keep_invalid, push_to_hub)
+    def request():
+        from converter.pipeline import Request
+
+        return Request(model=get_model(model), target=TARGETS[target], out=out, source=source, revision=revision,
+                       offline=offline, fmt=fmt, dtype=dtype, force=force, validate=not skip_validation,
+                       mapping_file=mapping_file, allow_nonfinite=allow_nonfinite, keep_invalid=keep_invalid,
+                       say=_say, progress=_progress)
+
     if dry_run:
-        click.echo(_guarded(lambda: plan(request), verbose))
+        from converter.pipeline import dry_run as plan
+
+        lines = _guarded(lambda: plan(request()), verbose, "interrupted")
+        if push_to_hub:
+            lines += f"\nthen publish to https://huggingface.co/{push_to_hub}"
+        click.echo(lines)
         click.echo("dry run: nothing fetched or written")
         return
-    summary = _guarded(lambda: run(request), verbose)
-    checks = f", validation {sum(c.ok for c in summary.checks)}/{len(summary.checks)} ✓" if summary.checks else \
-        ", not validated"
+    if push_to_hub:
+        from converter.publish import check_write_access
+
+        _guarded(lambda: check_write_access(push_to_hub), verbose, "interrupted; nothing was written")
+    from converter.pipeline import convert as run
+
+    summary = _guarded(lambda: run(request()), verbose, "interrupted; nothing was written")
+    checks = (f", validation {sum(c.ok for c in summary.comparisons)}/{len(summary.comparisons)} ✓"
+              if summary.comparisons else ", not validated")
     click.echo(f"✓ {model} -> {summary.target} ({summary.fmt}, {summary.dtype}): {summary.tensors} tensors, "
                f"{summary.parameters / 1e6:.1f}M parameters, {summary.bytes / 1e6:.1f} MB in {summary.seconds:.1f}s"
                f"{checks} -> {summary.out}")
@@ -83,7 +105,7 @@ def convert(model, target, out, source, revision, fmt, dtype, offline, skip_vali
 
 
 @cli.command()
-@click.argument("out", type=click.Path(path_type=Path, exists=True, file_okay=False), metavar="DIR")
+@click.argument("out", type=click.Path(path_type=Path), metavar="DIR")
 @click.argument("repo_id", metavar="ORG/NAME")
 @click.option("--private", is_flag=True, help="Create the repo private.")
 @click.option("--revision", help="The branch to commit to.")
@@ -92,37 +114,49 @@ def convert(model, target, out, source, revision, fmt, dtype, offline, skip_vali
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
 def publish(out, repo_id, private, revision, create_pr, commit_message, verbose):
     """Upload a converted output DIR to the Hub as ORG/NAME, with a generated model card."""
-    from converter.hub import check_write_access
+    from converter.output import read_manifest
+    from converter.publish import check_write_access
 
-    _guarded(lambda: check_write_access(repo_id), verbose)
-    _publish(out, repo_id, private, revision, create_pr, commit_message, verbose)
+    _guarded(lambda: read_manifest(out.expanduser().absolute()), verbose, "interrupted")
+    _guarded(lambda: check_write_access(repo_id), verbose, "interrupted")
+    _publish(out.expanduser().absolute(), repo_id, private, revision, create_pr, commit_message, verbose)
 
 
 def _publish(out, repo_id, private, revision, create_pr, commit_message, verbose):
-    from converter.hub import publish as upload
+    from converter.publish import publish as upload
 
-    url = _guarded(lambda: upload(out, repo_id, private, revision, create_pr, commit_message), verbose)
+    url = _guarded(lambda: upload(out, repo_id, private, revision, create_pr, commit_message), verbose,
+                   "interrupted; the upload may not have completed")
     click.echo(f"✓ published {out} -> {url}")
 
 
-@cli.command()
-@click.argument("model", type=click.Choice(sorted(MODELS)), metavar="MODEL")
+@cli.command("list")
+def list_models():
+    """The model names MODEL takes, with their Hub repos and VAE classes."""
+    rows = [(m.name, f"{m.repo_id} ({m.subfolder}/)", m.family.class_name,
+             ", ".join(f"{k}={v}" for k, v in m.config.items()) or "defaults") for m in MODELS.values()]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+
+
+@cli.command("random-checkpoint")
+@click.argument("model", type=click.Choice(list(MODELS)), metavar="MODEL")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--small", is_flag=True, help="Small widths instead of the real architecture's size.")
 @click.option("--seed", default=0, show_default=True)
-def sample(model, out, small, seed):
+def random_checkpoint(model, out, small, seed):
     """Write a diffusers-format checkpoint of MODEL with random weights to OUT (offline demos and tests)."""
-    from converter.sample import write_sample
+    from converter.random_checkpoint import write_random_checkpoint
 
-    if out.exists():
-        _fail(f"{out} exists; choose a new folder", 6)
-    parameters = _guarded(lambda: write_sample(get_model(model), out, small, seed), False)
-    click.echo(f"✓ sample {model} checkpoint ({parameters / 1e6:.1f}M parameters, random weights) -> {out}")
+    parameters = _guarded(lambda: write_random_checkpoint(get_model(model), out, small, seed), False,
+                          "interrupted; nothing was written")
+    click.echo(f"✓ random {model} checkpoint ({parameters / 1e6:.1f}M parameters) -> {out}")
 
 
 @cli.command("check-mappings")
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
-@click.option("--target", type=click.Choice(["flax", "torchax"]), help="Check one target only.")
+@click.option("--target", type=click.Choice(list(TARGETS)), help="Check one target only.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
 def check_mappings(files, target, as_json):
     """Prove every rule in FILES (default: all of mappings/) for every registered config and target, no weights.
@@ -132,16 +166,25 @@ def check_mappings(files, target, as_json):
     """
     import json
 
-    from converter import check
-    from converter.errors import MappingError
+    from converter import check_mappings as checker
 
-    reports, seconds = check.run(list(files), target)
-    click.echo(json.dumps(check.as_json(reports, seconds), indent=2) if as_json else check.as_text(reports, seconds))
+    reports, seconds = checker.run(list(files), target)
+    click.echo(json.dumps(checker.as_json(reports, seconds), indent=2) if as_json
+               else checker.as_text(reports, seconds))
     if not all(r.ok for r in reports):
-        sys.exit(MappingError.exit_code)
+        raise click.exceptions.Exit(MappingError.exit_code)
 
 
-def _guarded(action, verbose):
+def _say(message: str):
+    click.echo(message, err=True)
+
+
+def _progress(items, label: str):
+    with click.progressbar(items, label=label, file=None, show_pos=True) as bar:
+        yield from bar
+
+
+def _guarded(action, verbose: bool, interrupted: str):
     try:
         return action()
     except ConvertError as e:
@@ -149,23 +192,28 @@ def _guarded(action, verbose):
             traceback.print_exc()
         _fail(str(e), e.exit_code)
     except KeyboardInterrupt:
-        _fail("interrupted; nothing was written", EXIT_INTERRUPTED)
-    except Exception as e:  # a bug, not bad input: still one line unless --verbose
+        _fail(interrupted, EXIT_INTERRUPTED)
+    except Exception as e:  # a bug, not bad input: one line, the traceback in a file
+        report = Path(tempfile.gettempdir()) / f"vae-convert-crash-{os.getpid()}.txt"
+        report.write_text(traceback.format_exc())
         if verbose:
             traceback.print_exc()
-        _fail(f"internal error: {type(e).__name__}: {e} (run with --verbose for the traceback)", 1)
+        _fail(f"internal error (a bug in vae-convert): {type(e).__name__}: {str(e)[:200]}; traceback in {report}", 1)
 
 
 def _fail(message: str, code: int):
     click.echo(f"error: {message}", err=True)
-    sys.exit(code)
+    raise click.exceptions.Exit(code)
 
 
-def _terminate(signum, frame):
-    # SIGTERM unwinds like Ctrl-C, so the work folder is removed on the way out.
-    raise KeyboardInterrupt
-
-
-def main():
-    signal.signal(signal.SIGTERM, _terminate)
-    cli()
+def run() -> int:
+    """Runs the command line; returns the exit code."""
+    try:
+        result = cli.main(standalone_mode=False, prog_name="vae-convert")
+    except click.ClickException as e:  # usage errors: exit 2
+        e.show()
+        return e.exit_code
+    except click.Abort:  # Ctrl-C or SIGTERM outside a guarded action (click turns KeyboardInterrupt into Abort)
+        click.echo("error: interrupted", err=True)
+        return EXIT_INTERRUPTED
+    return result if isinstance(result, int) else 0

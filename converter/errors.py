@@ -5,6 +5,12 @@ class ConvertError(Exception):
     exit_code = 1
 
 
+class UsageError(ConvertError):
+    """Options that do not go together, or a malformed value the option parser could not catch."""
+
+    exit_code = 2
+
+
 class InputError(ConvertError):
     """The source checkpoint or its config is missing, unreadable or not what the model expects."""
 

@@ -12,6 +12,7 @@ each source key matched by exactly one rule, each target leaf filled exactly onc
 from __future__ import annotations
 
 import dataclasses
+import importlib.resources
 import re
 from pathlib import Path
 
@@ -22,7 +23,7 @@ from converter.errors import MappingError
 
 RULE_FIELDS = {"name", "match", "to", "transpose", "squeeze", "reshape"}
 LAYOUT_OPS = ("transpose", "squeeze", "reshape")
-MAPPINGS_DIR = Path(__file__).resolve().parent.parent / "mappings"
+MAPPINGS_DIR = Path(str(importlib.resources.files("converter.mappings")))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -152,12 +152,22 @@ def hub_location(entry: ModelEntry, source: str | None, revision: str | None) ->
     """(repo_id, revision) when the source is a Hub repo, None when it is a local path."""
     if source is None:
         return entry.repo_id, revision or entry.revision
-    if Path(source).expanduser().exists():
+    path = Path(source).expanduser()
+    if path.exists():
         return None
+    if _looks_local(source):
+        raise InputError(f"source {source}: no such file or folder ({path.absolute()})")
     if REPO_ID.match(source):
         repo_id, _, at_revision = source.partition("@")
         return repo_id, revision or at_revision or "main"
     raise InputError(f"source {source!r} is neither an existing path nor a Hub repo id (org/name[@revision])")
+
+
+def _looks_local(source: str) -> bool:
+    """A path, not a repo id: it starts like one, names a checkpoint file, or its first folder exists here."""
+    first = source.split("/", 1)[0]
+    return (source.startswith((".", "/", "~")) or source.endswith((".safetensors", ".json", *PICKLE_SUFFIXES))
+            or ("/" in source and Path(first).expanduser().is_dir()))
 
 
 def resolve(entry: ModelEntry, source: str | None, revision: str | None, offline: bool) -> Source:
@@ -237,8 +247,6 @@ def _offline_env() -> bool:
 def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Source:
     import huggingface_hub
 
-    from converter.hub import hub_call, vae_patterns
-
     root = Path(hub_call(lambda: huggingface_hub.snapshot_download(
         repo_id, revision=revision, allow_patterns=vae_patterns(subfolder), local_files_only=offline or None),
         repo_id, revision, offline or _offline_env()))
@@ -247,3 +255,76 @@ def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Sou
         raise InputError(f"{repo_id}@{revision} has no {subfolder}/ folder with VAE weights")
     resolved = _from_path(folder)
     return Source(resolved.weight_files, resolved.config, repo_id, revision=root.name)
+
+
+def vae_patterns(subfolder: str) -> list[str]:
+    """Only the VAE's files, never the multi-GB rest of a pipeline repo."""
+    return [f"{subfolder}/config.json", f"{subfolder}/*.safetensors", f"{subfolder}/*.safetensors.index.json"]
+
+
+def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) -> list[dict]:
+    """[{path, size, cached}] of the files a conversion would fetch, asking the Hub (or only the cache, offline)."""
+    import fnmatch
+
+    import huggingface_hub
+
+    patterns = vae_patterns(subfolder)
+    if offline or _offline_env():
+        folder = Path(hub_call(lambda: huggingface_hub.snapshot_download(
+            repo_id, revision=revision, allow_patterns=patterns, local_files_only=True), repo_id, revision, True))
+        return [{"path": str(p.relative_to(folder)), "size": p.stat().st_size, "cached": True}
+                for p in sorted((folder / subfolder).glob("*")) if p.is_file()]
+    info = hub_call(lambda: huggingface_hub.HfApi().model_info(repo_id, revision=revision, files_metadata=True),
+                    repo_id, revision)
+    files = []
+    for sibling in info.siblings or []:
+        if any(fnmatch.fnmatch(sibling.rfilename, p) for p in patterns):
+            cached = huggingface_hub.try_to_load_from_cache(repo_id, sibling.rfilename, revision=info.sha)
+            files.append({"path": sibling.rfilename, "size": sibling.size, "cached": isinstance(cached, str)})
+    if not files:
+        raise InputError(f"{repo_id}@{revision} has no {subfolder}/ folder with VAE weights")
+    return files
+
+
+def describe_files(files: list[dict]) -> str:
+    lines = [f"  {'cached ' if f['cached'] else 'fetch  '} {f['path']}  ({_size(f['size'])})" for f in files]
+    total = sum(f["size"] or 0 for f in files if not f["cached"])
+    return "\n".join(lines + [f"  to fetch: {_size(total)}"])
+
+
+def _size(n) -> str:
+    if n is None:
+        return "size unknown"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def hub_call(call, repo_id: str, revision: str, offline: bool = False, error=InputError):
+    """Runs a huggingface_hub call; its failures become one-line errors (`error`, InputError by default)."""
+    import httpx2  # huggingface_hub's HTTP client
+    from huggingface_hub import errors
+
+    try:
+        return call()
+    except errors.GatedRepoError:
+        raise error(f"{repo_id} is gated: accept its terms on the Hub and log in (HF_TOKEN or `hf auth login`)") \
+            from None
+    except errors.RepositoryNotFoundError:
+        raise error(f"Hub repo {repo_id} not found (or private without a token)") from None
+    except errors.RevisionNotFoundError:
+        raise error(f"revision {revision!r} not found in {repo_id}") from None
+    except errors.HFValidationError as e:
+        raise error(f"{repo_id!r} is not a valid Hub repo id ({str(e).splitlines()[0]})") from None
+    except errors.OfflineModeIsEnabled:
+        raise error(f"{repo_id}@{revision}: the Hub is needed but offline mode is on (HF_HUB_OFFLINE)") from None
+    except errors.LocalEntryNotFoundError as e:
+        if offline or _offline_env():
+            raise error(f"{repo_id}@{revision} is not in the local Hugging Face cache and offline mode is on") \
+                from None
+        raise error(f"cannot fetch {repo_id}@{revision} from the Hub, and it is not cached "
+                    f"({str(e).splitlines()[0]})") from None
+    except (OSError, httpx2.HTTPError, errors.HfHubHTTPError) as e:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise error(f"the Hub failed for {repo_id}@{revision}: {reason}") from None

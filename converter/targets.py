@@ -1,58 +1,224 @@
-"""The two targets: what their leaves are (from abstract state, never from an initialised model), how their weights
-are written, and how a written output becomes a ready model again.
+"""The targets, one object each: what their leaves are (from abstract state, never from an initialised model), how
+their weights are written and read back, how a written output becomes a ready model, and how validation drives it.
 
   flax     Flax NNX model, channels-last. Formats: orbax (default; the NNX state as a pure dict) or safetensors
            (flat dotted keys, channels-last layouts).
   torchax  PyTorch model with diffusers' names, meant to run on JAX through torchax. Format: safetensors, named and
            laid out like diffusers' own, so `AutoencoderKL*.from_pretrained` reads it too.
+
+Everything target-specific is here: no other module asks which target it has.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 from converter.errors import InputError
 from converter.mapping import nested, target_path
-from converter.registry import Family
+from converter.models.common.spec import FamilySpec
+from converter.output import read_manifest
+from converter.registry import FAMILIES, config_from_dict
 from converter.safetensors_io import SafetensorsFile, SafetensorsWriter, nbytes
 
-# Orbax holds about three copies of what it is saving: groups of 1/8 of the checkpoint keep the peak near 0.4x of
-# it above the baseline (measured), and groups of at least 32 MB keep small checkpoints to one or two saves.
+# Orbax holds about three copies of what it is saving: saving the leaves in groups of 1/8 of the checkpoint keeps the
+# peak well below the checkpoint's size, and groups of at least 32 MB keep small checkpoints to one or two saves.
 ORBAX_GROUPS = 8
 ORBAX_MIN_GROUP_BYTES = 32 * 2**20
 ORBAX_ITEM = "state"  # the name partial saves give the one PyTree in the checkpoint
-FORMATS = {"flax": ("orbax", "safetensors"), "torchax": ("safetensors",)}
-WEIGHT_FILES = {("flax", "orbax"): "state", ("flax", "safetensors"): "flax_model.safetensors",
-                ("torchax", "safetensors"): "diffusion_pytorch_model.safetensors"}
+DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 
 
-def abstract_flax(family: Family, config, dtype):
-    """(graphdef, abstract state) of the Flax model: shapes and dtypes only, nothing allocated."""
-    import jax.numpy as jnp
-    from flax import nnx
+class Target:
+    name: str
+    formats: tuple[str, ...]  # the first is the default
+    weight_files: dict[str, str]  # format -> file or folder in the output
+    library_name: str  # the Hub's library tag for a published output
+    usage: str  # the loading snippet of the model card
 
-    cls = family.load("flax_cls")
-    abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0), param_dtype=jnp.dtype(dtype)))
-    return nnx.split(abstract)
+    def default_format(self, fmt: str | None) -> str:
+        """The format to write: `fmt` if this target has it (InputError otherwise), else the default."""
+        if fmt is None:
+            return self.formats[0]
+        if fmt not in self.formats:
+            raise InputError(f"--format {fmt} is not available for --to {self.name} (choose from "
+                             f"{', '.join(self.formats)})")
+        return fmt
+
+    def leaf_shapes(self, family: FamilySpec, config) -> dict[str, tuple[int, ...]]:
+        raise NotImplementedError
+
+    def open_writer(self, fmt: str, out_dir: Path, specs: dict, metadata: dict):
+        path = out_dir / self.weight_files[fmt]
+        if fmt == "orbax":
+            return OrbaxWriter(path, metadata, sum(nbytes(shape, dtype) for shape, dtype in specs.values()))
+        return SafetensorsWriter(path, specs, {k: v if isinstance(v, str) else json.dumps(v)
+                                               for k, v in metadata.items()})
+
+    def read_weights(self, out_dir: Path, fmt: str, family, config, dtype, sharding=None) -> dict:
+        """The weights of a written output, {leaf key: array}."""
+        raise NotImplementedError
+
+    def build(self, family, config, dtype, weights: dict, path: Path, sharding=None):
+        """A ready model from the weights `read_weights` gave."""
+        raise NotImplementedError
+
+    def runner(self, model):
+        """The model driven with channels-first numpy arrays, as validation and the tests compare it."""
+        raise NotImplementedError
 
 
-def meta_torch(family: Family, config):
+class FlaxTarget(Target):
+    name = "flax"
+    formats = ("orbax", "safetensors")
+    weight_files = {"orbax": "state", "safetensors": "flax_model.safetensors"}
+    library_name = "flax"
+    usage = "vae = converter.load(path)                     # Flax NNX model, channels-last (B, T, H, W, C)"
+
+    def abstract(self, family: FamilySpec, config, dtype):
+        """(graphdef, abstract state) of the Flax model: shapes and dtypes only, nothing allocated."""
+        import jax.numpy as jnp
+        from flax import nnx
+
+        cls = family.flax_model()
+        abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0), param_dtype=jnp.dtype(dtype)))
+        return nnx.split(abstract)
+
+    def leaf_shapes(self, family, config):
+        from flax import nnx
+
+        _, state = self.abstract(family, config, np.float32)
+        return {".".join(map(str, path)): tuple(v.get_value().shape) for path, v in nnx.to_flat_state(state)}
+
+    def read_weights(self, out_dir, fmt, family, config, dtype, sharding=None):
+        path = _weights_path(out_dir, self.weight_files[fmt])
+        if fmt == "safetensors":
+            weights = SafetensorsFile(path)
+            return {target_path(k): weights[k] for k in weights.keys()}
+        import jax
+        import orbax.checkpoint.experimental.v1 as ocp
+        from flax import nnx
+
+        _, abstract = self.abstract(family, config, dtype)
+        # The sharding goes into each abstract leaf (Orbax places each array with it); by default the first device.
+        sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        template = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
+                                nnx.to_pure_dict(abstract))
+        try:
+            saved = ocp.metadata(path, checkpointable_name=ORBAX_ITEM).metadata
+        except Exception as e:  # Orbax raises its own error types for a damaged or foreign layout
+            raise InputError(f"{path}: not a readable Orbax checkpoint ({str(e).splitlines()[0][:160]})") from None
+        saved_dtypes = {p: m.dtype for p, m in jax.tree_util.tree_leaves_with_path(saved)}
+        for p, leaf in jax.tree_util.tree_leaves_with_path(template):
+            # Orbax would cast silently to the template's dtype; a mismatch means a wrong manifest or checkpoint.
+            if p in saved_dtypes and np.dtype(saved_dtypes[p]) != np.dtype(leaf.dtype):
+                raise InputError(f"{path}: leaf {jax.tree_util.keystr(p)} is {saved_dtypes[p]}, expected {leaf.dtype}")
+        restored = ocp.load(path, template, checkpointable_name=ORBAX_ITEM)
+        return {tuple(getattr(k, "key", getattr(k, "idx", None)) for k in p): leaf
+                for p, leaf in jax.tree_util.tree_leaves_with_path(restored)}
+
+    def build(self, family, config, dtype, weights, path, sharding=None):
+        import jax
+        from flax import nnx
+
+        graphdef, abstract = self.abstract(family, config, dtype)
+        flat = nnx.to_flat_state(abstract)
+        expected = {p for p, _ in flat}
+        if set(weights) != expected:
+            missing, extra = sorted(map(str, expected - set(weights)))[:3], sorted(map(str, set(weights) - expected))[:3]
+            raise InputError(f"{path}: weights do not match the model (missing {missing}, unexpected {extra})")
+        for p, variable in flat:
+            if tuple(weights[p].shape) != tuple(variable.get_value().shape):
+                raise InputError(f"{path}: {p} has shape {weights[p].shape}, the model needs "
+                                 f"{variable.get_value().shape}")
+            variable.set_value(jax.device_put(weights[p], sharding))
+        return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+    def runner(self, model):
+        return FlaxRunner(model)
+
+
+class TorchaxTarget(Target):
+    name = "torchax"
+    formats = ("safetensors",)
+    weight_files = {"safetensors": "diffusion_pytorch_model.safetensors"}
+    library_name = "diffusers"
+    usage = ("vae = converter.load(path)                     # PyTorch model with diffusers' names\n"
+             "from converter.torchax_runtime import compile_model\n"
+             "vae = compile_model(vae)                       # on JAX through torchax, steps jitted")
+
+    def leaf_shapes(self, family, config):
+        return {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
+
+    def read_weights(self, out_dir, fmt, family, config, dtype, sharding=None):
+        weights = SafetensorsFile(_weights_path(out_dir, self.weight_files[fmt]))
+        return {k: weights[k] for k in weights.keys()}
+
+    def build(self, family, config, dtype, weights, path, sharding=None):
+        model = meta_torch(family, config)
+        model.load_state_dict({k: to_torch(v) for k, v in weights.items()}, strict=True, assign=True)
+        return model.eval()
+
+    def runner(self, model):
+        return TorchaxRunner(model)
+
+
+def meta_torch(family: FamilySpec, config):
     """The PyTorch model on the meta device: names and shapes, no storage."""
     import torch
 
     with torch.device("meta"):
-        return family.load("torch_cls")(config)
+        return family.torch_model()(config)
 
 
-def target_shapes(family: Family, config, target: str) -> dict[str, tuple[int, ...]]:
-    if target == "flax":
-        from flax import nnx
+def to_torch(array: np.ndarray):
+    """A numpy array (bfloat16 included) as a CPU tensor that owns writable memory."""
+    import torch
 
-        _, state = abstract_flax(family, config, np.float32)
-        return {".".join(map(str, path)): tuple(v.get_value().shape) for path, v in nnx.to_flat_state(state)}
-    return {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
+    if array.dtype.name == "bfloat16":  # numpy has no bfloat16: reinterpret the bits
+        return torch.from_numpy(np.array(array).view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(array))
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (FlaxTarget(), TorchaxTarget())}
+
+
+def _weights_path(out_dir: Path, name: str) -> Path:
+    path = out_dir / name
+    if not path.exists():
+        raise InputError(f"{out_dir}: {name} is missing; the output is incomplete or was changed by hand")
+    return path
+
+
+def load_output(path: str | Path, mesh=None):
+    """A written output -> a ready model, checked against its manifest. With `mesh`, a Flax model's parameters are
+    restored straight onto it, replicated."""
+    path = Path(path).expanduser().absolute()
+    manifest = read_manifest(path)
+    family = FAMILIES.get(manifest.get("family"))
+    target = TARGETS.get(manifest.get("target"))
+    if family is None or target is None or manifest.get("dtype") not in DTYPES or \
+            manifest.get("format") not in target.formats:
+        raise InputError(f"{path}: the manifest names an unknown family, target, format or dtype")
+    try:
+        config = config_from_dict(family, json.loads((path / "config.json").read_text()))
+    except (OSError, ValueError):
+        raise InputError(f"{path}: config.json is missing or unreadable") from None
+    dtype = DTYPES[manifest["dtype"]]
+    sharding = None
+    if mesh is not None:
+        from jax.sharding import NamedSharding
+
+        from converter.models.common.sharding import PARAMETERS
+
+        sharding = NamedSharding(mesh, PARAMETERS)
+    weights = target.read_weights(path, manifest["format"], family, config, dtype, sharding)
+    for key, array in weights.items():
+        if np.dtype(array.dtype) != dtype:
+            raise InputError(f"{path}: {key} is {array.dtype}, the manifest says {dtype.name}")
+    return target.build(family, config, dtype, weights, path, sharding)
 
 
 class OrbaxWriter:
@@ -85,36 +251,37 @@ class OrbaxWriter:
         partial.finalize(self.path)
 
 
-def open_writer(target: str, fmt: str, out_dir: Path, specs: dict, metadata: dict):
-    path = out_dir / WEIGHT_FILES[(target, fmt)]
-    if fmt == "orbax":
-        return OrbaxWriter(path, metadata, sum(nbytes(shape, dtype) for shape, dtype in specs.values()))
-    return SafetensorsWriter(path, specs, {k: json.dumps(v) if not isinstance(v, str) else v
-                                           for k, v in metadata.items()})
+class FlaxRunner:
+    """The Flax model, channels-last, driven with channels-first arrays (as the reference takes them)."""
+
+    to_last, to_first = (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)
+
+    def __init__(self, model):
+        self.model = model
+
+    def decode(self, latent: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model.decode(latent.transpose(self.to_last))).transpose(self.to_first)
+
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mean, logvar = self.model.encode(video.transpose(self.to_last))
+        return np.asarray(mean).transpose(self.to_first), np.asarray(logvar).transpose(self.to_first)
 
 
-def read_weights(out_dir: Path, target: str, fmt: str, family: Family, config, dtype, sharding=None) -> dict:
-    """Weights of a written output as {target path: array}; Orbax restores into the abstract state's layout, placing
-    each array with `sharding` (a jax.sharding.Sharding) directly when one is given."""
-    path = out_dir / WEIGHT_FILES[(target, fmt)]
-    if fmt == "safetensors":
-        weights = SafetensorsFile(path)
-        return {target_path(k) if target == "flax" else k: weights[k] for k in weights.keys()}
-    import jax
-    import orbax.checkpoint.experimental.v1 as ocp
-    from flax import nnx
+class TorchaxRunner:
+    """The PyTorch model on JAX through torchax, each chunk step jitted, in float32."""
 
-    _, abstract = abstract_flax(family, config, dtype)
-    # The sharding goes into each abstract leaf (Orbax places each array with it); by default the first device.
-    sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    template = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                            nnx.to_pure_dict(abstract))
-    saved = ocp.metadata(path, checkpointable_name=ORBAX_ITEM).metadata
-    saved_dtypes = {p: m.dtype for p, m in jax.tree_util.tree_leaves_with_path(saved)}
-    for p, leaf in jax.tree_util.tree_leaves_with_path(template):
-        # Orbax would cast silently to the template's dtype; a mismatch means a wrong manifest or checkpoint.
-        if p in saved_dtypes and np.dtype(saved_dtypes[p]) != np.dtype(leaf.dtype):
-            raise InputError(f"{path}: leaf {jax.tree_util.keystr(p)} is {saved_dtypes[p]}, expected {leaf.dtype}")
-    restored = ocp.load(path, template, checkpointable_name=ORBAX_ITEM)
-    return {tuple(getattr(k, "key", getattr(k, "idx", None)) for k in p): leaf
-            for p, leaf in jax.tree_util.tree_leaves_with_path(restored)}
+    def __init__(self, model):
+        from converter import torchax_runtime
+
+        self.vae = torchax_runtime.compile_model(model.float().eval())
+
+    def decode(self, latent: np.ndarray) -> np.ndarray:
+        from converter.torchax_runtime import to_jax_tensor, to_numpy
+
+        return to_numpy(self.vae.decode(to_jax_tensor(self.vae, latent)).sample)
+
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        from converter.torchax_runtime import to_jax_tensor, to_numpy
+
+        dist = self.vae.encode(to_jax_tensor(self.vae, video)).latent_dist
+        return to_numpy(dist.mean), to_numpy(dist.logvar)

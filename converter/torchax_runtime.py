@@ -4,12 +4,18 @@ torchax 0.0.13 (the newest) names about 20 ATen named-tensor ("Dimname") overloa
 fails at import with AttributeError. Named tensors are never used by our models, so before importing torchax we
 define a placeholder schema for exactly those names that this torch lacks (nothing is redefined on a torch that
 still has them). torchax only uses them as dictionary keys for dtype policies and decompositions.
+
+`compile_model(model)` returns a `TorchaxVAE`: the model's encode/decode on JAX, each chunk step one jitted function.
+The runtime also lowers GroupNorm (`aten.native_group_norm`) as one JAX function: both moments in one pass, taken
+around each group's first value so that E[d^2] - E[d]^2 does not cancel when the mean is large next to the spread.
 """
 from __future__ import annotations
 
 import functools
 
+import numpy as np
 import torch
+from torch import nn
 
 REMOVED_NAMED_OVERLOADS = (
     "all.dimname", "all.dimname_out", "index_add.dimname", "index_copy.dimname", "index_copy_.dimname",
@@ -42,43 +48,105 @@ def import_torchax():
     return torchax
 
 
-def compile_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Moves `model` onto JAX and makes its `run_step` a jitted step: one compile per chunk shape.
+def _jax_group_norm(x, weight, bias, n, channels, hw, groups, eps):
+    """aten.native_group_norm in JAX, channels-first: (output, mean, rstd), statistics in float32 in one pass."""
+    import jax
+    import jax.numpy as jnp
 
-    Parameters are passed to the compiled function as arguments (not baked in as constants), and the cache
-    pytree flows through it explicitly.
-    """
-    torchax = import_torchax()
+    grouped = x.reshape(n, groups, -1).astype(jnp.float32)
+    first = grouped[..., :1]
+    shifted = grouped - first
+    shifted_mean = shifted.mean(axis=-1, keepdims=True)
+    var = jnp.maximum((shifted * shifted).mean(axis=-1, keepdims=True) - shifted_mean * shifted_mean, 0.0)
+    rstd = jax.lax.rsqrt(var + eps)
+    out = ((shifted - shifted_mean) * rstd).reshape(x.shape)
+    shape = (1, channels) + (1,) * (x.ndim - 2)
+    if weight is not None:
+        out = out * weight.astype(jnp.float32).reshape(shape)
+    if bias is not None:
+        out = out + bias.astype(jnp.float32).reshape(shape)
+    return out.astype(x.dtype), (first + shifted_mean).reshape(n, groups).astype(x.dtype), \
+        rstd.reshape(n, groups).astype(x.dtype)
+
+
+def _native_group_norm(x, weight, bias, n, channels, hw, groups, eps):
     from torchax import interop
 
-    env = torchax.default_env()
-    with env:
-        model.to("jax")
-    jitted = {}
-
-    def run_step(block, x, cache):
-        if id(block) not in jitted:
-            params = dict(block.named_parameters())
-
-            def step(params, x, cache):
-                return torch.func.functional_call(block, params, (x, cache))
-
-            jitted[id(block)] = functools.partial(interop.jax_jit(step), params)
-        with env:
-            return jitted[id(block)](x, cache)
-
-    model.run_step = run_step
-    model.torchax_env = env
-    return model
+    return interop.call_jax(_jax_group_norm, x, weight, bias, n, channels, hw, groups, eps)
 
 
-def to_jax_tensor(model: torch.nn.Module, array) -> torch.Tensor:
-    """A numpy array as a torchax tensor, on the device of a compiled model."""
-    with model.torchax_env:
-        return torch.from_numpy(array).to("jax")
+@functools.cache
+def torchax_env():
+    """torchax's environment, with this runtime's lowerings installed once."""
+    env = import_torchax().default_env()
+    env.override_op_definition(torch.ops.aten.native_group_norm.default, _native_group_norm)
+    return env
 
 
-def to_numpy(tensor: torch.Tensor):
-    import numpy as np
+class _ChunkStep(nn.Module):
+    """One chunk step of `model` (encoder then quant_conv, or post_quant_conv then decoder) as a module, so that
+    torch.func.functional_call can pass the parameters in as arguments."""
 
+    def __init__(self, model: nn.Module, part: str):
+        super().__init__()
+        self.model, self.part = model, part
+
+    def forward(self, x, cache):
+        return self.model.chunk_step(self.part, x, cache)
+
+
+class TorchaxVAE:
+    """A PyTorch VAE of this project on JAX through torchax: `encode` / `decode` as the model's, each chunk step
+    one jitted function (compiled once per chunk shape) taking the parameters as arguments (not baked in as
+    constants), with the causal cache flowing through it explicitly. The model itself is left as it is, on JAX."""
+
+    def __init__(self, model: nn.Module):
+        self.torchax_env = torchax_env()
+        with self.torchax_env:
+            self.model = model.to("jax")
+        self.config = model.config
+        self.dtype = next(model.parameters()).dtype
+        self._steps = {}
+
+    def _step(self, part: str, x, cache):
+        if part not in self._steps:
+            from torchax import interop
+
+            module = _ChunkStep(self.model, part)
+            jitted = interop.jax_jit(lambda params, x, cache: torch.func.functional_call(module, params, (x, cache)))
+            self._steps[part] = functools.partial(jitted, dict(module.named_parameters()))
+        return self._steps[part](x, cache)
+
+    def encode(self, x: torch.Tensor):
+        """(B, C, T, H, W) torchax tensor (see `to_jax_tensor`) -> the model's EncoderOutput."""
+        with torch.no_grad(), self.torchax_env:
+            return self.model.encode(x, step=self._step)
+
+    def decode(self, z: torch.Tensor):
+        """(B, z, T, H, W) torchax tensor (see `to_jax_tensor`) -> the model's DecoderOutput."""
+        with torch.no_grad(), self.torchax_env:
+            return self.model.decode(z, step=self._step)
+
+    def enable_tiling(self, **settings):
+        self.model.enable_tiling(**settings)
+
+    def disable_tiling(self):
+        self.model.disable_tiling()
+
+
+def compile_model(model: nn.Module) -> TorchaxVAE:
+    """`model` (a PyTorch VAE of this project, for instance from `converter.load`) on JAX through torchax."""
+    return TorchaxVAE(model)
+
+
+def to_jax_tensor(vae: TorchaxVAE, array) -> torch.Tensor:
+    """A numpy or JAX array as a torchax tensor in the model's dtype, ready for `vae.encode` / `vae.decode`."""
+    import jax.numpy as jnp
+    from torchax import interop
+
+    with vae.torchax_env:
+        return interop.torch_view(jnp.asarray(array)).to(vae.dtype)
+
+
+def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return np.asarray(tensor.jax())

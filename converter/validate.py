@@ -14,7 +14,7 @@ RTOL = 1e-4  # the tolerance is RTOL * max(1, max |reference|)
 
 
 @dataclasses.dataclass
-class Check:
+class Comparison:
     name: str
     shape: tuple
     expected_shape: tuple
@@ -39,26 +39,26 @@ class Check:
                 "tol": self.tol, "ok": self.ok}
 
 
-def compare(name: str, got: np.ndarray, expected: np.ndarray) -> Check:
+def compare(name: str, got: np.ndarray, expected: np.ndarray) -> Comparison:
     tol = RTOL * max(1.0, float(np.abs(expected).max()))
     if got.shape != expected.shape:
-        return Check(name, got.shape, expected.shape, float("inf"), float("inf"), tol)
+        return Comparison(name, got.shape, expected.shape, float("inf"), float("inf"), tol)
     diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
-    return Check(name, got.shape, expected.shape, float(diff.max()), float(diff.mean()), tol)
+    return Comparison(name, got.shape, expected.shape, float(diff.max()), float(diff.mean()), tol)
 
 
-def sample_inputs(family, config) -> tuple[np.ndarray, np.ndarray]:
+def validation_inputs(family, config) -> tuple[np.ndarray, np.ndarray]:
     """A deterministic latent and video (channels-first) of the family's validation shapes."""
     rng = np.random.default_rng(0)
-    latent = rng.standard_normal(family.sample_latent_shape(config)).astype(np.float32)
-    video = rng.uniform(-1.0, 1.0, family.sample_video_shape(config)).astype(np.float32)
+    latent = rng.standard_normal(family.validation_latent_shape(config)).astype(np.float32)
+    video = rng.uniform(-1.0, 1.0, family.validation_video_shape(config)).astype(np.float32)
     return latent, video
 
 
 def reference_outputs(family, config, source_weights, dtype, latent, video) -> dict[str, np.ndarray]:
     import torch
 
-    model = family.load("torch_cls")(config).eval()
+    model = family.torch_model()(config).eval()
     state = {k: torch.from_numpy(np.asarray(source_weights[k]).astype(dtype).astype(np.float32))
              for k in source_weights.specs}
     model.load_state_dict(state, strict=True)
@@ -68,52 +68,10 @@ def reference_outputs(family, config, source_weights, dtype, latent, video) -> d
                 "encode.mean": posterior.mean.numpy(), "encode.logvar": posterior.logvar.numpy()}
 
 
-class FlaxRunner:
-    """The Flax model, channels-last, driven with channels-first arrays (as the reference takes them)."""
-
-    to_last, to_first = (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)
-
-    def __init__(self, model):
-        self.model = model
-
-    def decode(self, latent: np.ndarray) -> np.ndarray:
-        return np.asarray(self.model.decode(latent.transpose(self.to_last))).transpose(self.to_first)
-
-    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        mean, logvar = self.model.encode(video.transpose(self.to_last))
-        return np.asarray(mean).transpose(self.to_first), np.asarray(logvar).transpose(self.to_first)
-
-
-class TorchaxRunner:
-    """The PyTorch model on JAX through torchax, each encoder/decoder step jitted, in float32."""
-
-    def __init__(self, model):
-        from converter import torchax_runtime
-
-        self.rt = torchax_runtime
-        self.model = torchax_runtime.compile_model(model.float().eval())
-
-    def decode(self, latent: np.ndarray) -> np.ndarray:
-        import torch
-
-        with torch.no_grad(), self.model.torchax_env:
-            return self.rt.to_numpy(self.model.decode(self.rt.to_jax_tensor(self.model, latent)).sample)
-
-    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        import torch
-
-        with torch.no_grad(), self.model.torchax_env:
-            dist = self.model.encode(self.rt.to_jax_tensor(self.model, video)).latent_dist
-            return self.rt.to_numpy(dist.mean), self.rt.to_numpy(dist.logvar)
-
-
-RUNNERS = {"flax": FlaxRunner, "torchax": TorchaxRunner}
-
-
-def run(family, config, target, model, source_weights, dtype) -> list[Check]:
-    latent, video = sample_inputs(family, config)
+def run(family, config, runner, source_weights, dtype) -> list[Comparison]:
+    """Decodes and encodes the validation inputs with `runner` (a target's runner around the converted model)."""
+    latent, video = validation_inputs(family, config)
     expected = reference_outputs(family, config, source_weights, dtype, latent, video)
-    runner = RUNNERS[target](model)
     mean, logvar = runner.encode(video)
     got = {"decode": runner.decode(latent), "encode.mean": mean, "encode.logvar": logvar}
     return [compare(name, got[name], expected[name]) for name in expected]

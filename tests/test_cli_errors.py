@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from converter.errors import InputError, OutputError
-from tests.conftest import earlier_output, edited_copy, manifest, run_cli
+from tests.helpers import earlier_output, edited_copy, fails, manifest, run_cli
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -17,30 +17,16 @@ def _variant(wan_small, tmp_path, edit):
     return edited_copy(source, tmp_path / "variant", edit)
 
 
-def _assert_fails_cleanly(args, out, code, *needles):
-    result = run_cli(*args, "--out", out, check=False)
-    assert result.returncode == code, result.stderr
-    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(error_lines) == 1 and "Traceback" not in result.stderr, result.stderr
-    for needle in needles:
-        assert needle in error_lines[0], error_lines[0]
-    assert not out.exists()
-    assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
-    return error_lines[0]
-
-
 def test_unknown_source_key(wan_small, tmp_path):
     import torch
 
     source = _variant(wan_small, tmp_path, lambda s: s.update({"encoder.extra_block.weight": torch.zeros(2)}))
-    _assert_fails_cleanly(["wan2.1", "--source", source, "--to", "flax"], tmp_path / "out",
-                          InputError.exit_code, "encoder.extra_block.weight", "AutoencoderKLWan does not have")
+    fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, "encoder.extra_block.weight", "AutoencoderKLWan does not have", out=tmp_path / "out")
 
 
 def test_missing_source_key(wan_small, tmp_path):
     source = _variant(wan_small, tmp_path, lambda s: s.pop("decoder.up_blocks.1.resnets.2.conv2.bias"))
-    _assert_fails_cleanly(["wan2.1", "--source", source, "--to", "torchax"], tmp_path / "out",
-                          InputError.exit_code, "decoder.up_blocks.1.resnets.2.conv2.bias", "missing from the checkpoint")
+    fails(["wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out"], InputError.exit_code, "decoder.up_blocks.1.resnets.2.conv2.bias", "missing from the checkpoint", out=tmp_path / "out")
 
 
 def test_shape_mismatch(wan_small, tmp_path):
@@ -48,16 +34,14 @@ def test_shape_mismatch(wan_small, tmp_path):
         state["encoder.down_blocks.10.conv1.weight"] = state["encoder.down_blocks.10.conv1.weight"][:, :-1].contiguous()
 
     source = _variant(wan_small, tmp_path, edit)
-    _assert_fails_cleanly(["wan2.1", "--source", source, "--to", "flax"], tmp_path / "out",
-                          InputError.exit_code, "disagree", "encoder.down_blocks.10.conv1.weight", "[32, 31, 3, 3, 3]")
+    fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, "disagree", "encoder.down_blocks.10.conv1.weight", "[32, 31, 3, 3, 3]", out=tmp_path / "out")
 
 
 @pytest.mark.parametrize("content", [b"", b"hello, this is not a checkpoint", b"\xff" * 64])
 def test_not_a_checkpoint(tmp_path, content):
     bogus = tmp_path / "model.safetensors"
     bogus.write_bytes(content)
-    _assert_fails_cleanly(["wan2.1", "--source", bogus, "--to", "flax"], tmp_path / "out",
-                          InputError.exit_code, "not a safetensors file")
+    fails(["wan2.1", "--source", bogus, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, "not a safetensors file", out=tmp_path / "out")
 
 
 def test_truncated_checkpoint(wan_small, tmp_path):
@@ -65,16 +49,14 @@ def test_truncated_checkpoint(wan_small, tmp_path):
     data = (source / WEIGHTS).read_bytes()
     (tmp_path / WEIGHTS).write_bytes(data[: len(data) // 2])
     shutil.copy(source / "config.json", tmp_path / "config.json")
-    _assert_fails_cleanly(["wan2.1", "--source", tmp_path / WEIGHTS, "--to", "flax"], tmp_path / "out",
-                          InputError.exit_code, "truncated")
+    fails(["wan2.1", "--source", tmp_path / WEIGHTS, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, "truncated", out=tmp_path / "out")
 
 
 def test_other_family_weights(wan_small, tmp_path):
     """A lone weights file of another family (no config to tell): the keys say which family it is."""
     source, _ = wan_small
     shutil.copy(source / WEIGHTS, tmp_path / "weights.safetensors")
-    _assert_fails_cleanly(["cogvideox-2b", "--source", tmp_path / "weights.safetensors", "--to", "flax"],
-                          tmp_path / "out", InputError.exit_code, "looks like a wan2.1 VAE", "vae-convert wan2.1")
+    fails(["cogvideox-2b", "--source", tmp_path / "weights.safetensors", "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, "looks like a wan2.1 VAE", "vae-convert wan2.1", out=tmp_path / "out")
 
 
 def test_other_family_config(wan_small, tmp_path):
@@ -83,13 +65,11 @@ def test_other_family_config(wan_small, tmp_path):
     shutil.copytree(source, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "_class_name": "AutoencoderKLCogVideoX"}))
-    _assert_fails_cleanly(["wan2.1", "--source", folder, "--to", "flax"], tmp_path / "out",
-                          InputError.exit_code, "AutoencoderKLCogVideoX")
+    fails(["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, "AutoencoderKLCogVideoX", out=tmp_path / "out")
 
 
 def test_missing_source(tmp_path):
-    _assert_fails_cleanly(["wan2.1", "--source", tmp_path / "nowhere", "--to", "flax"], tmp_path / "out",
-                          InputError.exit_code, "nowhere")
+    fails(["wan2.1", "--source", tmp_path / "nowhere", "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, "nowhere", out=tmp_path / "out")
 
 
 def test_existing_out_needs_force(wan_small, tmp_path):

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from tests.conftest import COG_SMALL, REPO, WAN_SMALL, run_cli, save_diffusers
+from converter.registry import FAMILIES
+from tests.helpers import REPO, compiled_steps, run_cli, save_diffusers
 
 DECODE = """
 import sys, numpy as np, converter
@@ -39,22 +40,24 @@ def test_second_process_hits_the_cache(wan_small, tmp_path):
     assert _entries(cache) == first  # nothing compiled anew
 
 
-@pytest.mark.parametrize("model, diffusers_class, config, frames", [
-    ("wan2.1", "AutoencoderKLWan", WAN_SMALL, 6),  # one latent frame a step
-    ("cogvideox-2b", "AutoencoderKLCogVideoX", COG_SMALL, 13),  # a first batch of 3, then batches of 2
-])
-def test_one_compile_per_chunk_shape(tmp_path, model, diffusers_class, config, frames):
+@pytest.mark.parametrize("family", list(FAMILIES.values()), ids=list(FAMILIES))
+def test_one_compile_per_chunk_shape(tmp_path, family):
     """A whole video compiles two steps (the first chunk, with no history, and the steady chunk), not one per chunk."""
     import numpy as np
 
     import converter
-    from models.steps_flax import step
 
-    save_diffusers(diffusers_class, tmp_path / "vae", config)
-    run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+    config = family.small_configs["default-arch"]
+    # the longest latent count the parity tests use: several chunks (Wan: one latent frame a step; CogVideoX: a
+    # first batch with the remainder, then batches of 2)
+    frames = max(family.parity_frames[0])
+    save_diffusers(family, tmp_path / "vae", config)
+    run_cli(family.models[0].name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     vae = converter.load(tmp_path / "out")
-    before = step._cache_size()
-    vae.decode(np.zeros((1, frames, 3, 5, 4), np.float32))  # a size no other test compiles
-    assert step._cache_size() - before == 2
-    vae.decode(np.ones((1, frames, 3, 5, 4), np.float32))
-    assert step._cache_size() - before == 2  # and nothing new for another video of the same size
+    channels = family.validation_latent_shape(vae.config)[1]
+    latent = np.zeros((1, frames, 3, 5, channels), np.float32)  # a size no other test compiles
+    before = compiled_steps()
+    vae.decode(latent)
+    assert compiled_steps() - before == 2
+    vae.decode(latent + 1)
+    assert compiled_steps() - before == 2  # and nothing new for another video of the same size

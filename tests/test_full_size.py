@@ -7,15 +7,17 @@ import json
 import pytest
 import torch
 
-from tests.conftest import manifest, run_cli, save_diffusers
+from converter.registry import FAMILIES
+from tests.helpers import manifest, run_cli, save_diffusers
 
-FAMILIES = {"wan2.1": "AutoencoderKLWan", "cogvideox-2b": "AutoencoderKLCogVideoX"}
+# Each family at its default (real) size, under its first model name.
+MODELS = {family.models[0].name: family for family in FAMILIES.values()}
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module", params=list(MODELS))
 def full_size(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param) / "vae"
-    return request.param, path, save_diffusers(FAMILIES[request.param], path, {})
+    return request.param, path, save_diffusers(MODELS[request.param], path, {})
 
 
 @pytest.mark.parametrize("target", ["flax", "torchax"])
@@ -31,7 +33,7 @@ def test_full_size_converts_and_validates(full_size, tmp_path, target):
     parameters = sum(v.numel() for v in state.values())
     assert f"{len(state)} tensors, {parameters / 1e6:.1f}M parameters" in result.stdout
     assert info["source"]["sha256"] and info["dtype"] == "float32"
-    assert json.loads((out / "config.json").read_text())["_class_name"] == FAMILIES[model_name]
+    assert json.loads((out / "config.json").read_text())["_class_name"] == MODELS[model_name].class_name
 
 
 def test_torchax_output_reads_in_diffusers(full_size, tmp_path):
@@ -41,7 +43,7 @@ def test_torchax_output_reads_in_diffusers(full_size, tmp_path):
     model_name, source, model = full_size
     run_cli(model_name, "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--no-validate",
             "--dtype", "bfloat16")
-    reloaded = getattr(diffusers, FAMILIES[model_name]).from_pretrained(tmp_path / "out", torch_dtype=torch.bfloat16)
+    reloaded = getattr(diffusers, MODELS[model_name].class_name).from_pretrained(tmp_path / "out", torch_dtype=torch.bfloat16)
     reloaded_state = reloaded.state_dict()
     for key, tensor in model.state_dict().items():
         assert torch.equal(reloaded_state[key], tensor.to(torch.bfloat16)), key

@@ -1,19 +1,19 @@
-"""CogVideoX's torchax GroupNorm: one JAX function (statistics in float32), jitted under torchax. In float32 it
-matches PyTorch's GroupNorm; with bfloat16 inputs and weights it stays within 1e-2 relative of the float32 result."""
+"""The torchax runtime's GroupNorm lowering (one JAX function, statistics in float32 in one pass), on CogVideoX's
+GroupNorm jitted under torchax. In float32 it matches PyTorch's GroupNorm; with bfloat16 inputs and weights it stays
+within 1e-2 relative of the float32 result."""
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from converter import torchax_runtime
-from models.cogvideox.modeling_torch import GroupNorm
+from converter.models.cogvideox.modeling_torch import GroupNorm
 
 
 def _jitted_under_torchax(module: torch.nn.Module, x: torch.Tensor) -> np.ndarray:
-    torchax = torchax_runtime.import_torchax()
+    env = torchax_runtime.torchax_env()
     from torchax import interop
 
-    env = torchax.default_env()
     with env:
         module = module.to("jax")
         params = dict(module.named_parameters())

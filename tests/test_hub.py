@@ -10,9 +10,9 @@ import yaml
 from safetensors.torch import load_file, save_file
 
 from converter.errors import InputError, OutputError
-from converter.hub import model_card
+from converter.publish import model_card
 from converter.safetensors_io import SafetensorsFile
-from tests.conftest import manifest, run_cli
+from tests.helpers import fails, manifest, run_cli
 from tests.fake_hub import FakeHub, Repo
 
 WAN_REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"  # the registry's repo for `wan2.1`
@@ -36,14 +36,6 @@ def hub(tmp_path, monkeypatch, wan_small):
     server.close()
 
 
-def _fails(args, code, *needles):
-    result = run_cli(*args, check=False)
-    assert result.returncode == code, result.stdout + result.stderr
-    for needle in needles:
-        assert needle in result.stderr, result.stderr
-    return result
-
-
 def test_registry_model_fetches_only_the_vae_then_works_offline(hub, tmp_path):
     run_cli("wan2.1", "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
     fetched = {path.split("/resolve/", 1)[1].split("/", 1)[1] for path in hub.downloads()}
@@ -57,7 +49,7 @@ def test_registry_model_fetches_only_the_vae_then_works_offline(hub, tmp_path):
 def test_repo_id_source_with_revision(hub, tmp_path):
     run_cli("wan2.1", "--source", f"{WAN_REPO}@v1", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     assert ("GET", f"/api/models/{WAN_REPO}/revision/v1") in hub.requests
-    _fails(["wan2.1", "--source", WAN_REPO, "--revision", "v2", "--to", "flax", "--out", tmp_path / "out2"],
+    fails(["wan2.1", "--source", WAN_REPO, "--revision", "v2", "--to", "flax", "--out", tmp_path / "out2"],
            InputError.exit_code, "revision 'v2' not found in Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
 
 
@@ -70,12 +62,12 @@ def test_hub_errors(hub, tmp_path, case, message):
     hub.repos["nobody/gated"] = Repo({"vae/config.json": b"{}"}, gated=True)
     hub.repos["nobody/no-vae"] = Repo({"transformer/config.json": b"{}"})
     repo = {"missing-repo": "nobody/nothing", "gated": "nobody/gated", "no-vae": "nobody/no-vae"}[case]
-    _fails(["wan2.1", "--source", repo, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, message)
+    fails(["wan2.1", "--source", repo, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, message)
     assert not (tmp_path / "out").exists()
 
 
 def test_offline_with_nothing_cached(hub, tmp_path):
-    _fails(["wan2.1", "--to", "flax", "--out", tmp_path / "out", "--offline"], InputError.exit_code,
+    fails(["wan2.1", "--to", "flax", "--out", tmp_path / "out", "--offline"], InputError.exit_code,
            "not in the local Hugging Face cache and offline mode is on")
     assert hub.requests == []
 
@@ -129,7 +121,7 @@ def test_write_access_is_checked_before_converting(hub, tmp_path, wan_small, mon
     source, _ = wan_small
     if token:
         monkeypatch.setenv("HF_TOKEN", token)
-    result = _fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out", "--push-to-hub", repo],
+    result = fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out", "--push-to-hub", repo],
                     OutputError.exit_code, message)
     assert "converting" not in result.stderr and not (tmp_path / "out").exists()
     assert hub.commits == []
@@ -185,7 +177,7 @@ def test_sharded_index_disagreeing_with_shards(wan_small, tmp_path):
     key = next(iter(weight_map))
     other = next(name for name in set(weight_map.values()) if name != weight_map[key])
     index.write_text(json.dumps({"weight_map": {**weight_map, key: other}}))
-    _fails(["wan2.1", "--source", index, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
+    fails(["wan2.1", "--source", index, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
            f"index puts {key!r} in {other}")
 
 

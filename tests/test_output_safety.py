@@ -11,7 +11,7 @@ import pytest
 
 from converter.errors import OutputError
 from converter.output import _rename_noreplace
-from tests.conftest import REPO, earlier_output, manifest, run_cli
+from tests.helpers import REPO, earlier_output, fails, manifest, run_cli
 
 
 def _snapshot(folder):
@@ -21,12 +21,7 @@ def _snapshot(folder):
 
 
 def _refused(args, cwd, *needles):
-    result = run_cli(*args, check=False, cwd=cwd)
-    assert result.returncode == OutputError.exit_code, result.stdout + result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
+    fails(args, OutputError.exit_code, *needles, cwd=cwd)
 
 
 @pytest.fixture

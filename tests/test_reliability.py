@@ -18,24 +18,9 @@ import torch
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
 from converter.mapping import MAPPINGS_DIR
 from converter.safetensors_io import SafetensorsFile
-from tests.conftest import REPO, earlier_output, edited_copy, manifest, run_cli
+from tests.helpers import REPO, earlier_output, edited_copy, fails, manifest, only, run_cli
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
-
-
-def _fails(args, code, *needles):
-    result = run_cli(*args, check=False)
-    assert result.returncode == code, result.stdout + result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
-
-
-def _only(folder, *names):
-    """The folder holds exactly these entries: no work or backup folders left over."""
-    assert sorted(p.name for p in folder.iterdir()) == sorted(names)
 
 
 def _edited(wan_small, tmp_path, edit):
@@ -53,7 +38,7 @@ class RunsCode:
         return (open, (self.marker, "w"))
 
 
-def test_pickle_checkpoint_loads_weights_only(wan_small, tmp_path):
+def test_pickle_checkpoint_loads_weightsonly(wan_small, tmp_path):
     source, model = wan_small
     torch.save(model.state_dict(), tmp_path / "vae.pth")
     shutil.copy(source / "config.json", tmp_path / "config.json")
@@ -64,7 +49,7 @@ def test_pickle_checkpoint_loads_weights_only(wan_small, tmp_path):
 def test_pickle_that_needs_code_is_refused_not_run(tmp_path):
     marker = tmp_path / "executed"
     torch.save({"encoder.conv_in.weight": torch.zeros(1), "payload": RunsCode(marker)}, tmp_path / "evil.pt")
-    _fails(["wan2.1", "--source", tmp_path / "evil.pt", "--to", "flax", "--out", tmp_path / "out"],
+    fails(["wan2.1", "--source", tmp_path / "evil.pt", "--to", "flax", "--out", tmp_path / "out"],
            InputError.exit_code, "refused", "weights_only=True")
     assert not marker.exists() and not (tmp_path / "out").exists()
 
@@ -74,9 +59,9 @@ def test_nonfinite_weights_refused_unless_allowed(wan_small, tmp_path):
         state["decoder.mid_block.resnets.1.conv1.weight"][0, 0, 0, 0, 0] = float("nan")
 
     source = _edited(wan_small, tmp_path, poison)
-    _fails(["wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out"],
+    fails(["wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out"],
            InputError.exit_code, "'decoder.mid_block.resnets.1.conv1.weight' holds 1 NaN/Inf", "--allow-nonfinite")
-    _only(tmp_path, "source")
+    only(tmp_path, "source")
     run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--allow-nonfinite",
             "--no-validate")
 
@@ -86,15 +71,15 @@ def test_dtype_that_cannot_hold_the_weights(wan_small, tmp_path):
         state["encoder.conv_out.bias"][3] = 1e6
 
     source = _edited(wan_small, tmp_path, inflate)
-    _fails(["wan2.1", "--source", source, "--to", "flax", "--dtype", "float16", "--out", tmp_path / "out"],
+    fails(["wan2.1", "--source", source, "--to", "flax", "--dtype", "float16", "--out", tmp_path / "out"],
            InputError.exit_code, "'encoder.conv_out.bias' has values up to 1e+06", "float16")
-    _only(tmp_path, "source")
+    only(tmp_path, "source")
 
 
 def test_unwritable_output_location(wan_small, tmp_path):
     source, _ = wan_small
     (tmp_path / "a-file").write_text("")
-    _fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "a-file" / "out"],
+    fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "a-file" / "out"],
            OutputError.exit_code, "cannot create the output")
 
 
@@ -107,14 +92,14 @@ def test_full_output_location(wan_small, tmp_path):
     result = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == OutputError.exit_code, result.stderr
     assert re.search(r"error: cannot write to .*: File too large", result.stderr)
-    _only(tmp_path)
+    only(tmp_path)
 
 
 def test_mapping_syntax_error_names_file_and_line(wan_small, tmp_path):
     source, _ = wan_small
     broken = tmp_path / "broken.yaml"
     broken.write_text((MAPPINGS_DIR / "wan2.1.yaml").read_text().replace("to: '{1}.kernel'", "to: '{1}.kernel", 1))
-    line = _fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", broken, "--out", tmp_path / "out"],
+    line = fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", broken, "--out", tmp_path / "out"],
                   MappingError.exit_code, "YAML syntax error")
     assert re.search(rf"{re.escape(str(broken))}:\d+:", line)
 
@@ -130,16 +115,16 @@ def _swapped_hw_mapping(tmp_path):
 def test_validation_failure_leaves_nothing_and_keeps_old_output(wan_small, tmp_path):
     source, _ = wan_small
     out = earlier_output(tmp_path / "out")
-    line = _fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", _swapped_hw_mapping(tmp_path),
+    line = fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", _swapped_hw_mapping(tmp_path),
                    "--out", out, "--force"], ValidationError.exit_code, "validation failed for decode")
     assert re.search(r"max \|Δ\| \S+ > tol", line)
     assert (out / "old.txt").read_text() == "previous output"
-    _only(tmp_path, "out", "swapped.yaml")
+    only(tmp_path, "out", "swapped.yaml")
 
 
 def test_keep_invalid_keeps_the_output_marked_invalid(wan_small, tmp_path):
     source, _ = wan_small
-    _fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", _swapped_hw_mapping(tmp_path),
+    fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", _swapped_hw_mapping(tmp_path),
             "--out", tmp_path / "out", "--keep-invalid"], ValidationError.exit_code, "--keep-invalid")
     assert manifest(tmp_path / "out")["validation"]["ok"] is False
 
@@ -150,7 +135,7 @@ def test_keep_invalid_keeps_the_output_marked_invalid(wan_small, tmp_path):
 def big_source(tmp_path_factory):
     """The full-size architecture, so that writing takes long enough to be interrupted in the middle."""
     path = tmp_path_factory.mktemp("big") / "vae"
-    run_cli("sample", "wan2.1", path)
+    run_cli("random-checkpoint", "wan2.1", path)
     return path
 
 
@@ -176,7 +161,7 @@ def _start_and_interrupt(source, out, sig):
 def test_interrupt_mid_write_leaves_nothing(big_source, tmp_path, sig):
     code, stderr = _start_and_interrupt(big_source, tmp_path / "out", sig)
     assert code == 130 and "error: interrupted; nothing was written" in stderr
-    _only(tmp_path)
+    only(tmp_path)
 
 
 def test_kill_mid_write_is_cleaned_by_the_next_run(big_source, tmp_path):
@@ -184,7 +169,7 @@ def test_kill_mid_write_is_cleaned_by_the_next_run(big_source, tmp_path):
     assert code == -signal.SIGKILL
     assert not (tmp_path / "out").exists() and list(tmp_path.glob(".out.tmp-*"))  # a killed run cannot clean up
     run_cli("wan2.1", "--source", big_source, "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
-    _only(tmp_path, "out")
+    only(tmp_path, "out")
 
 
 def _dead_pid() -> int:
@@ -196,10 +181,10 @@ def _dead_pid() -> int:
 def test_output_moved_aside_by_a_killed_force_run_is_restored(wan_small, tmp_path):
     source, _ = wan_small
     earlier_output(tmp_path / f".out.old-{_dead_pid()}-abc" / "previous")
-    _fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out"], OutputError.exit_code,
+    fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out"], OutputError.exit_code,
            "exists; pass --force")
     assert (tmp_path / "out" / "old.txt").read_text() == "previous output"
-    _only(tmp_path, "out")
+    only(tmp_path, "out")
 
 
 # -- corrupt files ------------------------------------------------------------------------------------------
@@ -253,5 +238,5 @@ def test_fuzzed_checkpoint_through_the_cli(wan_small, tmp_path, seed):
         except ConvertError:
             break
     shutil.copy(source / "config.json", tmp_path / "config.json")
-    _fails(["wan2.1", "--source", tmp_path, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code)
+    fails(["wan2.1", "--source", tmp_path, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code)
     assert not (tmp_path / "out").exists()

@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from tests.conftest import COG_SMALL, REPO, WAN_SMALL, run_cli, save_diffusers
+from converter.registry import FAMILIES
+from tests.helpers import REPO, run_cli, save_diffusers
 
 # 1e-5 relative to the output's scale (max(1, max |unsharded|)): CogVideoX decodes unclipped values up to ~7, where
 # sharded convolutions summing in another order differ by 1.07e-5 (1.5e-6 relative). A sharding bug (a wrong halo, a
@@ -43,13 +44,12 @@ print(json.dumps(report))
 """
 
 
-@pytest.mark.parametrize("model, diffusers_class, config, channels", [
-    ("wan2.1", "AutoencoderKLWan", WAN_SMALL, 4),
-    ("cogvideox-2b", "AutoencoderKLCogVideoX", COG_SMALL, 4),
-])
-def test_sharded_matches_unsharded(tmp_path, model, diffusers_class, config, channels):
-    save_diffusers(diffusers_class, tmp_path / "vae", config)
-    run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+@pytest.mark.parametrize("family", list(FAMILIES.values()), ids=list(FAMILIES))
+def test_sharded_matches_unsharded(tmp_path, family):
+    config = family.small_configs["default-arch"]
+    channels = family.validation_latent_shape(family.config_class.from_dict(config))[1]
+    save_diffusers(family, tmp_path / "vae", config)
+    run_cli(family.models[0].name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out"), str(channels)], cwd=REPO, env=env,
                             capture_output=True, text=True, check=True)

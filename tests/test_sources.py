@@ -9,7 +9,8 @@ import numpy as np
 import torch
 
 from converter.safetensors_io import SafetensorsFile
-from tests.conftest import WAN_SMALL, manifest, run_cli, save_diffusers
+from tests.conftest import WAN
+from tests.helpers import manifest, run_cli, save_diffusers
 
 REPO_ID = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"  # the registry's repo for `wan2.1`
 
@@ -41,7 +42,7 @@ def test_registry_model_resolves_from_the_hub_cache_offline(wan_small, tmp_path,
 
 
 def test_bf16_source_stays_bf16_bit_for_bit(tmp_path):
-    model = save_diffusers("AutoencoderKLWan", tmp_path / "vae", WAN_SMALL)
+    model = save_diffusers(WAN, tmp_path / "vae", WAN.small_configs["default-arch"])
     model.to(torch.bfloat16).save_pretrained(tmp_path / "vae-bf16")
     result = run_cli("wan2.1", "--source", tmp_path / "vae-bf16", "--to", "flax", "--format", "safetensors",
                      "--out", tmp_path / "out")

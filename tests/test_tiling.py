@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from converter.validate import RUNNERS
-from tests.conftest import COG_SMALL, WAN_SMALL, converted_by_cli
+from converter.registry import FAMILIES
+from tests.helpers import compiled_steps, converted_by_cli, runner
 
 ATOL = 1e-4
 
@@ -19,8 +19,6 @@ ATOL = 1e-4
 @dataclasses.dataclass(frozen=True)
 class Case:
     model: str
-    diffusers_class: str
-    config: dict
     tiling: dict  # enable_tiling keywords, the same for diffusers and for us
     latent: tuple[int, int, int]  # (T, H, W)
     video: tuple[int, int, int]
@@ -29,13 +27,13 @@ class Case:
 
 CASES = {
     # 4-latent tiles every 3: rows and columns of 4, 4, 1; the output cropped to 8x the input
-    "wan2.1": Case("wan2.1", "AutoencoderKLWan", WAN_SMALL,
+    "wan2.1": Case("wan2.1",
                    dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
                         tile_sample_stride_width=24),
                    latent=(2, 7, 7), video=(1, 56, 56), decode_steps=2),
     # 6x5-latent tiles every 5x4 with diffusers' overlap factors (1/6, 1/5); one frame batch (the cache carried
     # within a tile and reset between tiles is the same shared code as Wan's, which has two steps a tile)
-    "cogvideox": Case("cogvideox-2b", "AutoencoderKLCogVideoX", COG_SMALL,
+    "cogvideox": Case("cogvideox-2b",
                       dict(tile_sample_min_height=48, tile_sample_min_width=40),
                       latent=(3, 8, 9), video=(9, 64, 72), decode_steps=1),
 }
@@ -44,8 +42,8 @@ CASES = {
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(request, tmp_path_factory):
     case = CASES[request.param]
-    reference, models = converted_by_cli(case.model, case.diffusers_class, case.config,
-                                         tmp_path_factory.mktemp(request.param), "--no-validate")
+    config = FAMILIES[request.param].small_configs["default-arch"]
+    reference, models = converted_by_cli(case.model, config, tmp_path_factory.mktemp(request.param), "--no-validate")
     for model in models.values():
         model.enable_tiling(**case.tiling)
     return case, reference, models
@@ -71,8 +69,6 @@ def _tile_shapes(plan, height, width) -> set[tuple[int, int]]:
 
 
 def test_tiled_decode_matches_diffusers_and_compiles_each_tile_shape_once(converted):
-    from models.steps_flax import step
-
     case, reference, models = converted
     z = _latent(case, reference)
     expected = _diffusers(reference, case.tiling, lambda vae: vae.decode(z).sample.numpy())
@@ -82,16 +78,16 @@ def test_tiled_decode_matches_diffusers_and_compiles_each_tile_shape_once(conver
     shapes = _tile_shapes(models["flax"].tile_plan("decoder"), *case.latent[1:])
     assert len(shapes) == 4  # inner tiles, last column, last row, corner
     for target, model in models.items():
-        compiled_before = step._cache_size()
-        got = RUNNERS[target](model).decode(z.numpy())
+        compiled_before = compiled_steps()
+        got = runner(target, model).decode(z.numpy())
         assert got.shape == expected.shape, target
         assert np.abs(got - expected).max() <= ATOL, (target, np.abs(got - expected).max())
         if target == "flax":
             # tiles of one size share their steps, however many tiles and frames, and none are compiled anew for
             # the next video (no other test compiles these steps: tiling settings are part of the compiled model)
-            assert step._cache_size() - compiled_before == case.decode_steps * len(shapes)
-            RUNNERS[target](model).decode(z.numpy() + 1)
-            assert step._cache_size() - compiled_before == case.decode_steps * len(shapes)
+            assert compiled_steps() - compiled_before == case.decode_steps * len(shapes)
+            runner(target, model).decode(z.numpy() + 1)
+            assert compiled_steps() - compiled_before == case.decode_steps * len(shapes)
 
 
 def test_tiled_encode_matches_diffusers(converted):
@@ -106,6 +102,6 @@ def test_tiled_encode_matches_diffusers(converted):
     untiled = _diffusers(reference, None, encode)
     assert np.abs(expected[0] - untiled[0]).max() > 100 * ATOL
     for target, model in models.items():
-        for got, want in zip(RUNNERS[target](model).encode(x.numpy()), expected):
+        for got, want in zip(runner(target, model).encode(x.numpy()), expected):
             assert got.shape == want.shape, target
             assert np.abs(got - want).max() <= ATOL, (target, np.abs(got - want).max())

@@ -3,7 +3,7 @@ import json
 import subprocess
 import sys
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 PROBE = """
 import json

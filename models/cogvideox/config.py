@@ -4,9 +4,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from converter.errors import InputError
-from models.config import DiffusersConfig
-from models.tiling import TilePlan
+from ..common.config import ConfigError, DiffusersConfig
+from ..common.tiling import TilePlan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,23 +29,23 @@ class CogVideoXVAEConfig(DiffusersConfig):
     shift_factor: float | None = None
     latents_mean: tuple[float, ...] | None = None
     latents_std: tuple[float, ...] | None = None
-    force_upcast: float = True
+    force_upcast: bool = True
     use_quant_conv: bool = False
     use_post_quant_conv: bool = False
     invert_scale_latents: bool = False
 
     class_name = "AutoencoderKLCogVideoX"
 
-    def check(self):
+    def ensure_supported(self):
         if self.act_fn not in ("silu", "swish"):
-            raise InputError(f"config.json: act_fn {self.act_fn!r} is not supported (silu only)")
+            raise ConfigError(f"config.json: act_fn {self.act_fn!r} is not supported (silu only)")
         if set(self.down_block_types) != {"CogVideoXDownBlock3D"} or \
                 set(self.up_block_types) != {"CogVideoXUpBlock3D"}:
-            raise InputError("config.json: only CogVideoXDownBlock3D / CogVideoXUpBlock3D blocks exist")
+            raise ConfigError("config.json: only CogVideoXDownBlock3D / CogVideoXUpBlock3D blocks exist")
         if not len(self.down_block_types) == len(self.up_block_types) == len(self.block_out_channels):
-            raise InputError("config.json: down_block_types, up_block_types and block_out_channels differ in length")
+            raise ConfigError("config.json: down_block_types, up_block_types and block_out_channels differ in length")
         if any(c % self.norm_num_groups for c in self.block_out_channels):
-            raise InputError("config.json: norm_num_groups must divide every block_out_channels entry")
+            raise ConfigError("config.json: norm_num_groups must divide every block_out_channels entry")
 
     @property
     def temporal_compress_level(self) -> int:

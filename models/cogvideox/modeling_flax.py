@@ -13,10 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.cogvideox.config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
-from models.conv import time_tap_conv
-from models.steps_flax import run_chunks
-from models.tiling import TilingMixin
+from ..common.cache import run_cached
+from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
+from ..common.inputs import expect_video
+from ..common.conv import time_tap_conv
+from ..common.steps_flax import run_chunks
+from ..common.tiling import TilingMixin
 
 
 class GroupNorm(nnx.Module):
@@ -146,14 +148,6 @@ class CogVideoXUpsample3D(nnx.Module):
         return self.conv(x)
 
 
-def _run_resnets(resnets, x, zq, cache):
-    cache = cache or {}
-    new = {}
-    for i, resnet in enumerate(resnets):
-        x, new[f"resnet_{i}"] = resnet(x, zq, cache.get(f"resnet_{i}"))
-    return x, new
-
-
 class CogVideoXDownBlock3D(nnx.Module):
     def __init__(self, in_channels, out_channels, num_layers, groups, eps, add_downsample, compress_time, *, rngs,
                  param_dtype):
@@ -164,10 +158,10 @@ class CogVideoXDownBlock3D(nnx.Module):
             [CogVideoXDownsample3D(out_channels, out_channels, compress_time, **kw)] if add_downsample else [])
 
     def __call__(self, x, cache=None):
-        x, new = _run_resnets(self.resnets, x, None, cache)
+        x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"))
         for downsampler in self.downsamplers:
             x = downsampler(x)
-        return x, new
+        return x, {"resnets": resnets}
 
 
 class CogVideoXMidBlock3D(nnx.Module):
@@ -177,7 +171,8 @@ class CogVideoXMidBlock3D(nnx.Module):
                                  for _ in range(num_layers)])
 
     def __call__(self, x, zq=None, cache=None):
-        return _run_resnets(self.resnets, x, zq, cache)
+        x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"), zq)
+        return x, {"resnets": resnets}
 
 
 class CogVideoXUpBlock3D(nnx.Module):
@@ -191,10 +186,10 @@ class CogVideoXUpBlock3D(nnx.Module):
             [CogVideoXUpsample3D(out_channels, out_channels, compress_time, **kw)] if add_upsample else [])
 
     def __call__(self, x, zq, cache=None):
-        x, new = _run_resnets(self.resnets, x, zq, cache)
+        x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"), zq)
         for upsampler in self.upsamplers:
             x = upsampler(x)
-        return x, new
+        return x, {"resnets": resnets}
 
 
 class CogVideoXEncoder3D(nnx.Module):
@@ -217,8 +212,7 @@ class CogVideoXEncoder3D(nnx.Module):
         cache = cache or {}
         new = {}
         x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
-        for i, down_block in enumerate(self.down_blocks):
-            x, new[f"down_block_{i}"] = down_block(x, cache.get(f"down_block_{i}"))
+        x, new["down_blocks"] = run_cached(self.down_blocks, x, cache.get("down_blocks"))
         x, new["mid_block"] = self.mid_block(x, None, cache.get("mid_block"))
         x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
@@ -246,8 +240,7 @@ class CogVideoXDecoder3D(nnx.Module):
         new = {}
         x, new["conv_in"] = self.conv_in(z, cache.get("conv_in"))
         x, new["mid_block"] = self.mid_block(x, z, cache.get("mid_block"))
-        for i, up_block in enumerate(self.up_blocks):
-            x, new[f"up_block_{i}"] = up_block(x, z, cache.get(f"up_block_{i}"))
+        x, new["up_blocks"] = run_cached(self.up_blocks, x, cache.get("up_blocks"), z)
         x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x, z)), cache.get("conv_out"))
         return x, new
 
@@ -270,7 +263,8 @@ class AutoencoderKLCogVideoX(TilingMixin, nnx.Module):
 
     def encode(self, x, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), in batches of 8 frames (the remainder joins the first).
-        With a mesh ("dp", "tp"), batch and width are split over it (models/sharding.py)."""
+        With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py)."""
+        expect_video(x, self.config.in_channels, channels_last=True, what="encode")
         bounds = frame_batches(x.shape[1], self.num_sample_frames_batch_size)
         mean, logvar = jnp.split(run_chunks(self, "encoder", x, bounds, mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
@@ -278,4 +272,5 @@ class AutoencoderKLCogVideoX(TilingMixin, nnx.Module):
     def decode(self, z, mesh=None):
         """(B, T, H, W, latent_channels) -> video, in batches of 2 latent frames (the remainder joins the first).
         Not clipped: diffusers does not clip CogVideoX's output. With a mesh, sharded as in encode."""
+        expect_video(z, self.config.latent_channels, channels_last=True, what="decode")
         return run_chunks(self, "decoder", z, frame_batches(z.shape[1], self.num_latent_frames_batch_size), mesh)

@@ -3,8 +3,7 @@
 Parameter names and shapes are diffusers' own, so `AutoencoderKLCogVideoX.from_pretrained` reads what this model
 saves, and `encode(x).latent_dist` / `decode(z).sample` behave the same. Differences from diffusers:
 - No `CogVideoXSafeConv3d` chunking: it splits convs over time to save GPU memory, which XLA handles itself.
-- GroupNorm runs as one JAX function when the input is a torchax tensor (one pass for mean and variance, statistics
-  in float32 whatever the input dtype); in plain PyTorch it is `F.group_norm` on float32.
+- GroupNorm statistics are taken in float32 whatever the input dtype.
 - encoder/decoder steps take and return the conv cache explicitly (as diffusers' already do), so torchax can jit them.
 """
 from __future__ import annotations
@@ -13,37 +12,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.cogvideox.config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
-from models.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
-from models.steps_torch import ChunkedAutoencoder
-
-
-def _jax_group_norm(x, weight, bias, num_groups, eps):
-    """GroupNorm over (C/G, T, H, W) of each group, channels-first; statistics in float32, one pass."""
-    import jax
-    import jax.numpy as jnp
-
-    b, c = x.shape[:2]
-    grouped = x.reshape(b, num_groups, -1).astype(jnp.float32)
-    # Both moments in one pass over the data, taken around each group's first value so that E[d^2] - E[d]^2 does
-    # not cancel when the mean is large next to the spread.
-    shifted = grouped - grouped[..., :1]
-    shifted_mean = shifted.mean(axis=-1, keepdims=True)
-    var = jnp.maximum((shifted * shifted).mean(axis=-1, keepdims=True) - shifted_mean * shifted_mean, 0.0)
-    normalized = ((shifted - shifted_mean) * jax.lax.rsqrt(var + eps)).reshape(x.shape)
-    shape = (1, c) + (1,) * (x.ndim - 2)
-    out = normalized * weight.astype(jnp.float32).reshape(shape) + bias.astype(jnp.float32).reshape(shape)
-    return out.astype(x.dtype)
+from ..common.cache import run_cached
+from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
+from ..common.inputs import expect_video
+from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
+from ..common.steps_torch import ChunkedAutoencoder
 
 
 class GroupNorm(nn.GroupNorm):
-    """nn.GroupNorm (same parameters), computed in float32, and as one JAX function under torchax."""
+    """nn.GroupNorm (same parameters), computed in float32 whatever the input dtype. Under torchax, the runtime
+    lowers it as one JAX function (converter/torchax_runtime.py)."""
 
     def forward(self, x):
-        if type(x).__module__.startswith("torchax"):
-            from torchax import interop
-
-            return interop.call_jax(_jax_group_norm, x, self.weight, self.bias, self.num_groups, self.eps)
         return F.group_norm(x.float(), self.num_groups, self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
 
 
@@ -172,14 +152,6 @@ class CogVideoXUpsample3D(nn.Module):
         return _per_frame(self.conv, x)
 
 
-def _run_resnets(resnets, x, zq, cache):
-    cache = cache or {}
-    new = {}
-    for i, resnet in enumerate(resnets):
-        x, new[f"resnet_{i}"] = resnet(x, zq, cache.get(f"resnet_{i}"))
-    return x, new
-
-
 class CogVideoXDownBlock3D(nn.Module):
     def __init__(self, in_channels, out_channels, num_layers, groups, eps, add_downsample, compress_time):
         super().__init__()
@@ -189,10 +161,10 @@ class CogVideoXDownBlock3D(nn.Module):
             [CogVideoXDownsample3D(out_channels, out_channels, compress_time)] if add_downsample else [])
 
     def forward(self, x, cache=None):
-        x, new = _run_resnets(self.resnets, x, None, cache)
+        x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"))
         for downsampler in self.downsamplers:
             x = downsampler(x)
-        return x, new
+        return x, {"resnets": resnets}
 
 
 class CogVideoXMidBlock3D(nn.Module):
@@ -202,7 +174,8 @@ class CogVideoXMidBlock3D(nn.Module):
                                       for _ in range(num_layers)])
 
     def forward(self, x, zq=None, cache=None):
-        return _run_resnets(self.resnets, x, zq, cache)
+        x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"), zq)
+        return x, {"resnets": resnets}
 
 
 class CogVideoXUpBlock3D(nn.Module):
@@ -216,10 +189,10 @@ class CogVideoXUpBlock3D(nn.Module):
             [CogVideoXUpsample3D(out_channels, out_channels, compress_time)] if add_upsample else [])
 
     def forward(self, x, zq, cache=None):
-        x, new = _run_resnets(self.resnets, x, zq, cache)
+        x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"), zq)
         for upsampler in self.upsamplers:
             x = upsampler(x)
-        return x, new
+        return x, {"resnets": resnets}
 
 
 class CogVideoXEncoder3D(nn.Module):
@@ -242,8 +215,7 @@ class CogVideoXEncoder3D(nn.Module):
         cache = cache or {}
         new = {}
         x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
-        for i, down_block in enumerate(self.down_blocks):
-            x, new[f"down_block_{i}"] = down_block(x, cache.get(f"down_block_{i}"))
+        x, new["down_blocks"] = run_cached(self.down_blocks, x, cache.get("down_blocks"))
         x, new["mid_block"] = self.mid_block(x, None, cache.get("mid_block"))
         x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
@@ -271,8 +243,7 @@ class CogVideoXDecoder3D(nn.Module):
         new = {}
         x, new["conv_in"] = self.conv_in(z, cache.get("conv_in"))
         x, new["mid_block"] = self.mid_block(x, z, cache.get("mid_block"))
-        for i, up_block in enumerate(self.up_blocks):
-            x, new[f"up_block_{i}"] = up_block(x, z, cache.get(f"up_block_{i}"))
+        x, new["up_blocks"] = run_cached(self.up_blocks, x, cache.get("up_blocks"), z)
         x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x, z)), cache.get("conv_out"))
         return x, new
 
@@ -293,12 +264,16 @@ class AutoencoderKLCogVideoX(ChunkedAutoencoder):
         self.post_quant_conv = nn.Conv3d(config.out_channels, config.out_channels, 1) \
             if config.use_post_quant_conv else None
 
-    def encode(self, x: torch.Tensor) -> EncoderOutput:
-        """(B, C, T, H, W) video, in batches of 8 frames (the remainder joins the first batch)."""
+    def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
+        """(B, C, T, H, W) video, in batches of 8 frames (the remainder joins the first batch). `step` runs one
+        chunk (see ChunkedAutoencoder.run_chunks)."""
+        expect_video(x, self.config.in_channels, channels_last=False, what="encode")
         bounds = frame_batches(x.shape[2], self.num_sample_frames_batch_size)
-        return EncoderOutput(DiagonalGaussianDistribution(self.run_chunks("encoder", x, bounds)))
+        return EncoderOutput(DiagonalGaussianDistribution(self.run_chunks("encoder", x, bounds, step)))
 
-    def decode(self, z: torch.Tensor) -> DecoderOutput:
+    def decode(self, z: torch.Tensor, step=None) -> DecoderOutput:
         """(B, latent_channels, T, H, W) latents, in batches of 2 latent frames (the remainder joins the first).
         Not clipped: diffusers does not clip CogVideoX's output."""
-        return DecoderOutput(self.run_chunks("decoder", z, frame_batches(z.shape[2], self.num_latent_frames_batch_size)))
+        expect_video(z, self.config.latent_channels, channels_last=False, what="decode")
+        bounds = frame_batches(z.shape[2], self.num_latent_frames_batch_size)
+        return DecoderOutput(self.run_chunks("decoder", z, bounds, step))

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from converter.errors import InputError
-from models.config import DiffusersConfig
-from models.tiling import TilePlan
+from ..common.config import ConfigError, DiffusersConfig
+from ..common.tiling import TilePlan
 
 WAN21_LATENTS_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
                       0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921]
@@ -36,11 +35,11 @@ class WanVAEConfig(DiffusersConfig):
 
     class_name = "AutoencoderKLWan"
 
-    def check(self):
+    def ensure_supported(self):
         if self.is_residual or self.patch_size is not None:
-            raise InputError("config.json describes a Wan 2.2 VAE (is_residual / patch_size); only Wan 2.1 is supported")
+            raise ConfigError("config.json describes a Wan 2.2 VAE (is_residual / patch_size); only Wan 2.1 is supported")
         if len(self.temperal_downsample) != len(self.dim_mult) - 1:
-            raise InputError("config.json: temperal_downsample needs one entry per dim_mult level but the last")
+            raise ConfigError("config.json: temperal_downsample needs one entry per dim_mult level but the last")
 
     @property
     def temperal_upsample(self) -> tuple[bool, ...]:

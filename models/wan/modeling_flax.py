@@ -12,10 +12,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.conv import time_tap_conv
-from models.steps_flax import run_chunks
-from models.tiling import TilingMixin
-from models.wan.config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
+from ..common.inputs import expect_video
+from ..common.conv import time_tap_conv
+from ..common.steps_flax import run_chunks
+from ..common.tiling import TilingMixin
+from ..common.cache import run_cached
+from .config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
 
 CACHE_T = 2
 
@@ -102,11 +104,12 @@ class WanResidualBlock(nnx.Module):
         self.conv_shortcut = _conv(in_dim, out_dim, (1, 1, 1), **kw) if in_dim != out_dim else None
 
     def __call__(self, x, cache=None):
-        cache1, cache2 = cache if cache is not None else (None, None)
+        cache = cache or {}
+        new = {}
         h = x if self.conv_shortcut is None else self.conv_shortcut(x)
-        x, cache1 = self.conv1(nnx.silu(self.norm1(x)), cache1)
-        x, cache2 = self.conv2(nnx.silu(self.norm2(x)), cache2)
-        return x + h, (cache1, cache2)
+        x, new["conv1"] = self.conv1(nnx.silu(self.norm1(x)), cache.get("conv1"))
+        x, new["conv2"] = self.conv2(nnx.silu(self.norm2(x)), cache.get("conv2"))
+        return x + h, new
 
 
 class WanAttentionBlock(nnx.Module):
@@ -133,24 +136,13 @@ class WanMidBlock(nnx.Module):
         self.resnets = nnx.List([WanResidualBlock(dim, dim, **kw) for _ in range(num_layers + 1)])
 
     def __call__(self, x, cache=None):
-        cache = cache if cache is not None else [None] * len(self.resnets)
-        x, first = self.resnets[0](x, cache[0])
-        new_cache = [first]
-        for attn, resnet, resnet_cache in zip(self.attentions, self.resnets[1:], cache[1:]):
+        cache = (cache or {}).get("resnets", {})
+        x, first = self.resnets[0](x, cache=cache.get("0"))
+        new = {"0": first}
+        for i, (attn, resnet) in enumerate(zip(self.attentions, self.resnets[1:]), start=1):
             x, _ = attn(x)
-            x, resnet_cache = resnet(x, resnet_cache)
-            new_cache.append(resnet_cache)
-        return x, new_cache
-
-
-def _run_layers(layers, x, cache):
-    """Runs cached layers in order; returns the output and the list of their new caches."""
-    cache = cache if cache is not None else [None] * len(layers)
-    new_cache = []
-    for layer, layer_cache in zip(layers, cache):
-        x, layer_cache = layer(x, layer_cache)
-        new_cache.append(layer_cache)
-    return x, new_cache
+            x, new[str(i)] = resnet(x, cache=cache.get(str(i)))
+        return x, {"resnets": new}
 
 
 class WanEncoder3d(nnx.Module):
@@ -179,7 +171,7 @@ class WanEncoder3d(nnx.Module):
         cache = cache or {}
         new = {}
         x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
-        x, new["down_blocks"] = _run_layers(self.down_blocks, x, cache.get("down_blocks"))
+        x, new["down_blocks"] = run_cached(self.down_blocks, x, cache.get("down_blocks"))
         x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
         x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
@@ -196,8 +188,8 @@ class WanUpBlock(nnx.Module):
     def __call__(self, x, cache=None):
         cache = cache or {}
         new = {}
-        x, new["resnets"] = _run_layers(self.resnets, x, cache.get("resnets"))
-        x, new["upsamplers"] = _run_layers(self.upsamplers, x, cache.get("upsamplers"))
+        x, new["resnets"] = run_cached(self.resnets, x, cache.get("resnets"))
+        x, new["upsamplers"] = run_cached(self.upsamplers, x, cache.get("upsamplers"))
         return x, new
 
 
@@ -226,7 +218,7 @@ class WanDecoder3d(nnx.Module):
         new = {}
         x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
         x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
-        x, new["up_blocks"] = _run_layers(self.up_blocks, x, cache.get("up_blocks"))
+        x, new["up_blocks"] = run_cached(self.up_blocks, x, cache.get("up_blocks"))
         x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
 
@@ -246,12 +238,14 @@ class AutoencoderKLWan(TilingMixin, nnx.Module):
         """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)//4, H/8, W/8, z_dim).
 
         Like diffusers: the first frame alone, then chunks of 4; frames past the last full chunk are dropped.
-        With a mesh ("dp", "tp"), batch and width are split over it (models/sharding.py).
+        With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py).
         """
+        expect_video(x, self.config.in_channels, channels_last=True, what="encode")
         mean, logvar = jnp.split(run_chunks(self, "encoder", x, encode_chunks(x.shape[1]), mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
     def decode(self, z, mesh=None):
         """(B, T, H, W, z_dim) latents -> (B, 1 + 4*(T-1), 8H, 8W, C) video in [-1, 1], one latent frame a step.
-        With a mesh ("dp", "tp"), batch and width are split over it (models/sharding.py)."""
+        With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py)."""
+        expect_video(z, self.config.z_dim, channels_last=True, what="decode")
         return jnp.clip(run_chunks(self, "decoder", z, decode_chunks(z.shape[1]), mesh), -1.0, 1.0)

@@ -14,9 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
-from models.steps_torch import ChunkedAutoencoder
-from models.wan.config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
+from ..common.inputs import expect_video
+from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
+from ..common.steps_torch import ChunkedAutoencoder
+from ..common.cache import run_cached
+from .config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
 
 CACHE_T = 2
 
@@ -101,11 +103,12 @@ class WanResidualBlock(nn.Module):
         self.conv_shortcut = WanCausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
 
     def forward(self, x, cache=None):
-        cache1, cache2 = cache if cache is not None else (None, None)
+        cache = cache or {}
+        new = {}
         h = self.conv_shortcut(x)
-        x, cache1 = self.conv1(F.silu(self.norm1(x)), cache1)
-        x, cache2 = self.conv2(F.silu(self.norm2(x)), cache2)
-        return x + h, (cache1, cache2)
+        x, new["conv1"] = self.conv1(F.silu(self.norm1(x)), cache.get("conv1"))
+        x, new["conv2"] = self.conv2(F.silu(self.norm2(x)), cache.get("conv2"))
+        return x + h, new
 
 
 class WanAttentionBlock(nn.Module):
@@ -135,24 +138,13 @@ class WanMidBlock(nn.Module):
         self.resnets = nn.ModuleList([WanResidualBlock(dim, dim) for _ in range(num_layers + 1)])
 
     def forward(self, x, cache=None):
-        cache = cache if cache is not None else [None] * len(self.resnets)
-        x, first = self.resnets[0](x, cache[0])
-        new_cache = [first]
-        for attn, resnet, resnet_cache in zip(self.attentions, self.resnets[1:], cache[1:]):
+        cache = (cache or {}).get("resnets", {})
+        x, first = self.resnets[0](x, cache=cache.get("0"))
+        new = {"0": first}
+        for i, (attn, resnet) in enumerate(zip(self.attentions, self.resnets[1:]), start=1):
             x, _ = attn(x)
-            x, resnet_cache = resnet(x, resnet_cache)
-            new_cache.append(resnet_cache)
-        return x, new_cache
-
-
-def _run_layers(layers, x, cache):
-    """Runs cached layers in order; returns the output and the list of their new caches."""
-    cache = cache if cache is not None else [None] * len(layers)
-    new_cache = []
-    for layer, layer_cache in zip(layers, cache):
-        x, layer_cache = layer(x, layer_cache)
-        new_cache.append(layer_cache)
-    return x, new_cache
+            x, new[str(i)] = resnet(x, cache=cache.get(str(i)))
+        return x, {"resnets": new}
 
 
 class WanEncoder3d(nn.Module):
@@ -180,7 +172,7 @@ class WanEncoder3d(nn.Module):
         cache = cache or {}
         new = {}
         x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
-        x, new["down_blocks"] = _run_layers(self.down_blocks, x, cache.get("down_blocks"))
+        x, new["down_blocks"] = run_cached(self.down_blocks, x, cache.get("down_blocks"))
         x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
         x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
@@ -197,8 +189,8 @@ class WanUpBlock(nn.Module):
     def forward(self, x, cache=None):
         cache = cache or {}
         new = {}
-        x, new["resnets"] = _run_layers(self.resnets, x, cache.get("resnets"))
-        x, new["upsamplers"] = _run_layers(self.upsamplers, x, cache.get("upsamplers"))
+        x, new["resnets"] = run_cached(self.resnets, x, cache.get("resnets"))
+        x, new["upsamplers"] = run_cached(self.upsamplers, x, cache.get("upsamplers"))
         return x, new
 
 
@@ -226,7 +218,7 @@ class WanDecoder3d(nn.Module):
         new = {}
         x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
         x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
-        x, new["up_blocks"] = _run_layers(self.up_blocks, x, cache.get("up_blocks"))
+        x, new["up_blocks"] = run_cached(self.up_blocks, x, cache.get("up_blocks"))
         x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
 
@@ -242,10 +234,14 @@ class AutoencoderKLWan(ChunkedAutoencoder):
         self.post_quant_conv = WanCausalConv3d(config.z_dim, config.z_dim, 1)
         self.decoder = WanDecoder3d(config)
 
-    def encode(self, x: torch.Tensor) -> EncoderOutput:
-        """(B, C, T, H, W) video; the first frame alone, then chunks of 4 (frames past the last are dropped)."""
-        return EncoderOutput(DiagonalGaussianDistribution(self.run_chunks("encoder", x, encode_chunks(x.shape[2]))))
+    def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
+        """(B, C, T, H, W) video; the first frame alone, then chunks of 4 (frames past the last are dropped).
+        `step` runs one chunk (see ChunkedAutoencoder.run_chunks)."""
+        expect_video(x, self.config.in_channels, channels_last=False, what="encode")
+        moments = self.run_chunks("encoder", x, encode_chunks(x.shape[2]), step)
+        return EncoderOutput(DiagonalGaussianDistribution(moments))
 
-    def decode(self, z: torch.Tensor) -> DecoderOutput:
+    def decode(self, z: torch.Tensor, step=None) -> DecoderOutput:
         """(B, z_dim, T, H, W) latents -> (B, C, 1 + 4*(T-1), 8H, 8W) video in [-1, 1], one latent frame a step."""
-        return DecoderOutput(self.run_chunks("decoder", z, decode_chunks(z.shape[2])).clamp(-1.0, 1.0))
+        expect_video(z, self.config.z_dim, channels_last=False, what="decode")
+        return DecoderOutput(self.run_chunks("decoder", z, decode_chunks(z.shape[2]), step).clamp(-1.0, 1.0))

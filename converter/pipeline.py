@@ -1,76 +1,58 @@
 """The conversion pipeline: resolve the source, plan every key (before anything is written), stream the tensors
-into a temporary sibling of --out, load that back and validate it, and only then move it into place."""
+into the output's work folder, load that back and validate it, and only then commit the output folder.
+
+Nothing here prints: what a user should see reaches the caller through `say` (one line at a time) and `progress`
+(an iterable wrapper for the tensor loop), which the CLI supplies.
+"""
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import time
 from pathlib import Path
+from typing import Callable, Iterable
 
-import ml_dtypes
 import numpy as np
 
-from converter import __version__, mapping, sources, targets, validate
-from converter.errors import InputError, OutputError, ValidationError
+from converter import __version__, mapping, sources, validate
+from converter.errors import InputError, MappingError, OutputError, ValidationError
 from converter.output import MANIFEST, TOOL, OutputFolder, write_json
-from converter.registry import FAMILIES, ModelEntry, family_for_class
-
-DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16),
-          "float16": np.dtype(np.float16)}
+from converter.registry import FAMILIES, ModelEntry, command_for, config_from_dict, family_for_class
+from converter.targets import DTYPES, TARGETS, Target, load_output, meta_torch
 
 
-@dataclasses.dataclass
+def _silent(message: str):
+    pass
+
+
+def _no_progress(items: Iterable, label: str) -> Iterable:
+    return items
+
+
+@dataclasses.dataclass(kw_only=True)
 class Request:
     model: ModelEntry
-    source: str | None
-    revision: str | None
-    offline: bool
-    target: str
-    fmt: str | None
-    dtype: str
+    target: Target
     out: Path
-    force: bool
-    validate: bool
+    source: str | None = None  # a local path or a Hub repo id[@revision]; None: the model's own repo
+    revision: str | None = None
+    offline: bool = False
+    fmt: str | None = None
+    dtype: str = "auto"
+    force: bool = False
+    validate: bool = True
     mapping_file: Path | None = None  # another mapping file than the family's (for mapping development)
     allow_nonfinite: bool = False
     keep_invalid: bool = False
-    push_to_hub: str | None = None  # ORG/NAME: write access is checked before any conversion work
+    say: Callable[[str], None] = _silent
+    progress: Callable[[Iterable, str], Iterable] = _no_progress
 
-
-def dry_run(req: Request) -> str:
-    """What a conversion would fetch, read and write; fetches and writes nothing."""
-    from converter import hub
-
-    entry, folder = req.model, OutputFolder(req.out, req.force)
-    lines = []
-    location = sources.hub_location(entry, req.source, req.revision)
-    if location is not None:
-        repo_id, revision = location
-        files = hub.planned_files(repo_id, entry.subfolder, revision, req.offline)
-        lines += [f"source: {repo_id}@{revision}, subfolder {entry.subfolder}/", hub.describe_plan(files)]
-    else:
-        lines.append(f"source: {Path(req.source).expanduser().absolute()} (local)")
-    fmt = req.fmt or targets.FORMATS[req.target][0]
-    replacing = req.force and folder.out.exists()
-    lines.append(f"output: {folder.out} ({req.target}, {fmt}, dtype {req.dtype}"
-                 f"{', replacing the existing output' if replacing else ''})")
-    refusal, plan = folder.refusal(), None
-    if location is None or all(f["cached"] for f in files):
-        source = sources.resolve(entry, req.source, req.revision, offline=True)
-        try:
-            folder.check_not_source(source.protected)
-        except OutputError as e:
-            refusal = str(e)
-        plan = make_plan(req, source)
-    if refusal:
-        lines.append(f"  ✗ {refusal}: a conversion would stop here")
-    if plan is not None:
-        lines.append(f"plan: {len(plan.assignments)} tensors, every key mapped to a {req.target} leaf "
-                     f"({targets.WEIGHT_FILES[(req.target, fmt)]})")
-    if req.push_to_hub:
-        lines.append(f"then publish to https://huggingface.co/{req.push_to_hub}")
-    return "\n".join(lines)
+    def __post_init__(self):
+        self.fmt = self.target.default_format(self.fmt)
+        if self.revision and self.source and sources.hub_location(self.model, self.source, None) is None:
+            raise InputError(f"--revision applies to Hub sources; {self.source} is a local path")
+        if self.mapping_file is not None:
+            self.mapping_file = Path(self.mapping_file).expanduser().absolute()
 
 
 @dataclasses.dataclass
@@ -83,24 +65,57 @@ class Summary:
     parameters: int
     bytes: int
     seconds: float
-    checks: list
+    comparisons: list
 
 
-def _say(message: str):
-    import click
+@dataclasses.dataclass
+class Plan:
+    weights: sources.SourceWeights
+    config: object
+    mapping_path: Path
+    leaf_shapes: dict
+    assignments: list
 
-    click.echo(message, err=True)
+
+def dry_run(req: Request) -> str:
+    """What a conversion would fetch, read and write; fetches and writes nothing."""
+    entry, folder = req.model, OutputFolder(req.out, req.force)
+    lines = []
+    location = sources.hub_location(entry, req.source, req.revision)
+    if location is not None:
+        repo_id, revision = location
+        files = sources.planned_files(repo_id, entry.subfolder, revision, req.offline)
+        lines += [f"source: {repo_id}@{revision}, subfolder {entry.subfolder}/", sources.describe_files(files)]
+    else:
+        lines.append(f"source: {Path(req.source).expanduser().absolute()} (local)")
+    replacing = req.force and folder.out.exists()
+    lines.append(f"output: {folder.out} ({req.target.name}, {req.fmt}, dtype {req.dtype}"
+                 f"{', replacing the existing output' if replacing else ''})")
+    refusal, plan = folder.refusal(), None
+    if location is None or all(f["cached"] for f in files):
+        source = sources.resolve(entry, req.source, req.revision, offline=True)
+        try:
+            folder.check_not_source(source.protected)
+        except OutputError as e:
+            refusal = str(e)
+        plan = make_plan(req, source)
+    if refusal:
+        lines.append(f"  ✗ {refusal}: a conversion would stop here")
+    if plan is not None:
+        lines.append(f"plan: {len(plan.assignments)} tensors, every key mapped to a {req.target.name} leaf "
+                     f"({req.target.weight_files[req.fmt]})")
+    return "\n".join(lines)
 
 
-def check_config_family(entry: ModelEntry, raw: dict):
+def refuse_other_family(entry: ModelEntry, raw: dict):
     class_name = raw.get("_class_name")
     if class_name and class_name != entry.family.class_name:
         looks = family_for_class(class_name)
-        hint = f" (a {looks.name} checkpoint: try `vae-convert {looks.name}`)" if looks else ""
+        hint = f" (a {looks.name} checkpoint: try `{command_for(looks)}`)" if looks else ""
         raise InputError(f"config.json is for {class_name}, not {entry.family.class_name}{hint}")
 
 
-def choose_dtype(requested: str, weights: sources.SourceWeights) -> np.dtype:
+def choose_dtype(requested: str, weights: sources.SourceWeights, say: Callable[[str], None]) -> np.dtype:
     if requested != "auto":
         return DTYPES[requested]
     found = weights.floating_dtypes()
@@ -110,21 +125,21 @@ def choose_dtype(requested: str, weights: sources.SourceWeights) -> np.dtype:
     dtype = found.pop()
     if dtype not in DTYPES.values():
         raise InputError(f"--dtype auto: source dtype {dtype.name} is not a supported output dtype; pick one")
-    _say(f"dtype: auto -> {dtype.name} (the source's dtype)")
+    say(f"dtype: auto -> {dtype.name} (the source's dtype)")
     return dtype
 
 
-def check_weights_fit_config(family, config, weights: sources.SourceWeights):
+def ensure_weights_fit_config(family, config, weights: sources.SourceWeights):
     """The checkpoint against the PyTorch model its config describes (diffusers' names and shapes). A mismatch here
     is bad input (wrong config, wrong family, damaged checkpoint), told apart from mapping bugs found later."""
-    expected = {k: tuple(v.shape) for k, v in targets.meta_torch(family, config).state_dict().items()}
+    expected = {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
     unexpected = [k for k in weights.specs if k not in expected]
     missing = [k for k in expected if k not in weights.specs]
     wrong = [k for k in expected if k in weights.specs and tuple(weights.specs[k][0]) != expected[k]]
     other = _looks_like(family, list(weights.specs)) if unexpected else None
     if other is not None:
         raise InputError(f"this checkpoint looks like a {other.name} VAE ({other.class_name}), not "
-                         f"{family.class_name}: try `vae-convert {other.name}`")
+                         f"{family.class_name}: try `{command_for(other)}`")
     problems = []
     if unexpected:
         problems.append(f"{len(unexpected)} key(s) {family.class_name} does not have: {_first(unexpected)}")
@@ -147,14 +162,14 @@ def _looks_like(family, keys: list[str]):
     for other in FAMILIES.values():
         if other is family:
             continue
-        rules = mapping.load_mapping(other.mapping_path).rules("torchax")
+        rules = mapping.load_mapping(mapping.MAPPINGS_DIR / other.mapping_file).rules("torchax")
         claimed = sum(any(r.pattern.fullmatch(k) for r in rules) for k in keys)
         if claimed >= 0.9 * len(keys):
             return other
     return None
 
 
-def check_values(key: str, source: np.ndarray, converted: np.ndarray, allow_nonfinite: bool):
+def ensure_storable(key: str, source: np.ndarray, converted: np.ndarray, allow_nonfinite: bool):
     """Refuses NaN/Inf in the weights, and a dtype that cannot hold them (overflow to inf)."""
     if np.isfinite(converted).all():
         return
@@ -169,89 +184,80 @@ def check_values(key: str, source: np.ndarray, converted: np.ndarray, allow_nonf
                      f"another --dtype")
 
 
-@dataclasses.dataclass
-class Plan:
-    weights: sources.SourceWeights
-    config: object
-    mapping_path: Path
-    target_shapes: dict
-    assignments: list
+def load_family_mapping(req: Request) -> tuple[Path, mapping.Mapping]:
+    """The family's mapping file, or --mapping's, which must be written for the same family."""
+    family = req.model.family
+    path = req.mapping_file or mapping.MAPPINGS_DIR / family.mapping_file
+    rules = mapping.load_mapping(path)
+    if rules.family != family.name:
+        raise MappingError(f"{path} is the mapping of the {rules.family} family, not of {family.name} "
+                           f"({req.model.name})")
+    return path, rules
 
 
 def make_plan(req: Request, source: sources.Source) -> Plan:
     """Everything checkable before writing: the config's family, the weights against the config, every key's rule."""
     family = req.model.family
     weights = sources.SourceWeights.open(source.weight_files)
-    check_config_family(req.model, source.config)
-    config = family.config_from_dict(source.config)
-    check_weights_fit_config(family, config, weights)
-    mapping_path = req.mapping_file or family.mapping_path
-    target_shapes = targets.target_shapes(family, config, req.target)
+    refuse_other_family(req.model, source.config)
+    config = config_from_dict(family, source.config)
+    ensure_weights_fit_config(family, config, weights)
+    mapping_path, rules = load_family_mapping(req)
+    leaf_shapes = req.target.leaf_shapes(family, config)
     source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
-    assignments = mapping.plan(mapping.load_mapping(mapping_path), req.target, source_shapes, target_shapes)
-    return Plan(weights, config, mapping_path, target_shapes, assignments)
+    assignments = mapping.plan(rules, req.target.name, source_shapes, leaf_shapes)
+    return Plan(weights, config, mapping_path, leaf_shapes, assignments)
 
 
 def convert(req: Request) -> Summary:
     started = time.monotonic()
     family = req.model.family
-    fmt = req.fmt or targets.FORMATS[req.target][0]
-    if fmt not in targets.FORMATS[req.target]:
-        raise InputError(f"--format {fmt} is not available for --to {req.target} "
-                         f"(choose from {', '.join(targets.FORMATS[req.target])})")
-    folder = OutputFolder(req.out, req.force, say=_say)
+    folder = OutputFolder(req.out, req.force, say=req.say)
     if sources.hub_location(req.model, req.source, req.revision) is None:
         folder.check_not_source([Path(req.source).expanduser()])
     folder.check()
-    out = folder.out
-    if req.push_to_hub:
-        from converter.hub import check_write_access
-
-        check_write_access(req.push_to_hub)
-
     source = sources.resolve(req.model, req.source, req.revision, req.offline)
     folder.check_not_source(source.protected)
     plan = make_plan(req, source)
-    dtype = choose_dtype(req.dtype, plan.weights)
+    dtype = choose_dtype(req.dtype, plan.weights, req.say)
 
     with folder as work:
         provenance = source.start_hashing()
         manifest = {
             "tool": TOOL, "version": __version__, "family": family.name, "model": req.model.name,
-            "target": req.target, "format": fmt, "dtype": dtype.name,
-            "mapping": {"file": str(req.mapping_file.absolute()) if req.mapping_file else plan.mapping_path.name,
+            "target": req.target.name, "format": req.fmt, "dtype": dtype.name,
+            "mapping": {"file": str(req.mapping_file) if req.mapping_file else plan.mapping_path.name,
                         "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest()},
         }
-        specs = {a.target_key: (plan.target_shapes[a.target_key], dtype) for a in plan.assignments}
-        nbytes = _write_weights(work, req, fmt, plan.assignments, plan.weights, specs, manifest)
+        specs = {a.target_key: (plan.leaf_shapes[a.target_key], dtype) for a in plan.assignments}
+        nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest)
         manifest["source"] = provenance()
         write_json(work / "config.json", plan.config.to_dict())
         write_json(work / MANIFEST, manifest)
-        checks = _validate(req, family, plan.config, plan.weights, dtype, work, manifest, out)
+        comparisons = _validate(req, plan, dtype, work, manifest, folder.out)
         folder.commit()
-    failed = [c for c in checks if not c.ok]
+    failed = [c for c in comparisons if not c.ok]
     if failed:  # only reached with --keep-invalid: the output is kept, marked invalid, and the run still fails
-        raise ValidationError(f"{_failure(failed)}; kept at {out} because of --keep-invalid")
+        raise ValidationError(f"{_failure(failed)}; kept at {folder.out} because of --keep-invalid")
     parameters = sum(int(np.prod(shape)) for shape, _ in specs.values())
-    return Summary(out, req.target, fmt, dtype.name, len(specs), parameters, nbytes, time.monotonic() - started,
-                   checks)
+    return Summary(folder.out, req.target.name, req.fmt, dtype.name, len(specs), parameters, nbytes,
+                   time.monotonic() - started, comparisons)
 
 
-def _validate(req, family, config, weights, dtype, work, manifest, out) -> list:
+def _validate(req, plan, dtype, work, manifest, out) -> list:
     if not req.validate:
         return []
-    _say("validating: decode and encode against the PyTorch reference on the source weights ...")
-    from converter.api import load
-
-    checks = validate.run(family, config, req.target, load(work), weights, dtype)
-    manifest["validation"] = {"rtol": validate.RTOL, "ok": all(c.ok for c in checks),
-                              "checks": [c.as_dict() for c in checks]}
+    req.say("validating: decode and encode against the PyTorch reference on the source weights ...")
+    family = req.model.family
+    comparisons = validate.run(family, plan.config, req.target.runner(load_output(work)), plan.weights, dtype)
+    manifest["validation"] = {"rtol": validate.RTOL, "ok": all(c.ok for c in comparisons),
+                              "checks": [c.as_dict() for c in comparisons]}
     write_json(work / MANIFEST, manifest)
-    _say("\n".join(c.line() for c in checks))
-    failed = [c for c in checks if not c.ok]
+    req.say("\n".join(c.line() for c in comparisons))
+    failed = [c for c in comparisons if not c.ok]
     if failed and not req.keep_invalid:
         raise ValidationError(f"{_failure(failed)}; nothing written to {out} (--keep-invalid keeps it)")
-    return checks
+    return comparisons
 
 
 def _failure(failed) -> str:
@@ -260,22 +266,19 @@ def _failure(failed) -> str:
             f"> tol {worst.tol:.1e})")
 
 
-def _write_weights(work, req, fmt, assignments, weights, specs, manifest) -> int:
-    import click
-
-    metadata = {"vae_convert": json.dumps(manifest)}  # what is known before writing; the full manifest is a file
+def _write_weights(work, req, assignments, weights, specs, manifest) -> int:
+    metadata = {"vae_convert": manifest}  # what is known before writing; the full manifest is a file
     try:
-        writer = targets.open_writer(req.target, fmt, work, specs, metadata)
+        writer = req.target.open_writer(req.fmt, work, specs, metadata)
         nbytes = 0
-        with click.progressbar(assignments, label="converting", file=None, show_pos=True) as bar:
-            for a in bar:
-                source = weights[a.source_key]
-                array = mapping.apply_ops(a.rule.ops, source).astype(specs[a.target_key][1], copy=False)
-                check_values(a.source_key, source, array, req.allow_nonfinite)
-                writer.write(a.target_key, array)
-                nbytes += array.nbytes
-                del source, array
-                weights.release(a.source_key)
+        for a in req.progress(assignments, "converting"):
+            source = weights[a.source_key]
+            array = mapping.apply_ops(a.rule.ops, source).astype(specs[a.target_key][1], copy=False)
+            ensure_storable(a.source_key, source, array, req.allow_nonfinite)
+            writer.write(a.target_key, array)
+            nbytes += array.nbytes
+            del source, array
+            weights.release(a.source_key)
         writer.close()
     except OSError as e:
         raise OutputError(f"cannot write to {work.parent}: {e.strerror or e}") from None

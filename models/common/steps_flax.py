@@ -8,10 +8,12 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.sharding import replicate, shard_activations
-from models.tiling import run_tiled
+from .sharding import replicate, shard_activations
+from .tiling import run_tiled
 
 
+# Split once before the loop and merge inside a plain `jax.jit`, as the Flax NNX performance guide recommends
+# (flax docs_nnx/guides/performance.md): `nnx.jit` would re-split the model on every call.
 @functools.partial(jax.jit, static_argnums=(0, 1))
 def step(graphdef, part, state, x, cache):
     """One chunk through the encoder (then quant_conv) or the decoder (after post_quant_conv); compiled once per
@@ -28,7 +30,7 @@ def step(graphdef, part, state, x, cache):
 def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], mesh=None):
     """x (B, T, H, W, C) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache carried
     from one to the next; tile by tile when the model's tiling is on. With a mesh ("dp", "tp"), batch and width are
-    split over it (models/sharding.py)."""
+    split over it (models/common/sharding.py)."""
     graphdef, state = nnx.split(model)
     state, x = replicate(state, mesh), shard_activations(x, mesh)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from converter import mapping, targets
 from converter.errors import ConvertError
-from converter.registry import FAMILIES, configs_to_check
+from converter.registry import FAMILIES, config_from_dict, configs_to_check
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ def mapping_files(paths: list[Path]) -> list[Path]:
     return [Path(p) for p in paths] if paths else sorted(mapping.MAPPINGS_DIR.glob("*.yaml"))
 
 
-def check(paths: list[Path], only_target: str | None) -> list[FileReport]:
+def check_files(paths: list[Path], only_target: str | None) -> list[FileReport]:
     reports = []
     for path in mapping_files(paths):
         report = FileReport(str(path))
@@ -49,8 +49,8 @@ def check(paths: list[Path], only_target: str | None) -> list[FileReport]:
             family = FAMILIES.get(rules.family)
             if family is None:
                 raise ConvertError(f"{path}:1: unknown family {rules.family!r} (known: {', '.join(FAMILIES)})")
-            configs = [(name, family.config_from_dict(raw)) for name, raw in configs_to_check(family)]
-            for target in [only_target] if only_target else list(targets.FORMATS):
+            configs = [(name, config_from_dict(family, raw)) for name, raw in configs_to_check(family)]
+            for target in [only_target] if only_target else list(targets.TARGETS):
                 report.targets.append(_check_target(rules, family, configs, target))
         except ConvertError as e:
             report.error = str(e)
@@ -63,7 +63,7 @@ def _check_target(rules, family, configs, target) -> TargetReport:
     per_config, hits = {}, {rule: {} for rule in rules.targets[target]}
     for name, config in configs:
         source = {k: tuple(v.shape) for k, v in targets.meta_torch(family, config).state_dict().items()}
-        leaves = targets.target_shapes(family, config, target)
+        leaves = targets.TARGETS[target].leaf_shapes(family, config)
         result = mapping.match_keys(rules, target, source, leaves)
         per_config[name] = {"source_keys": len(source), "target_leaves": len(leaves), "problems": result.problems}
         for rule, count in result.hits.items():
@@ -107,5 +107,5 @@ def as_text(reports: list[FileReport], seconds: float) -> str:
 
 def run(paths: list[Path], only_target: str | None) -> tuple[list[FileReport], float]:
     started = time.monotonic()
-    reports = check(paths, only_target)
+    reports = check_files(paths, only_target)
     return reports, time.monotonic() - started

@@ -1,0 +1,118 @@
+"""Publishing an output folder to the Hugging Face Hub: write access (checked before any work), the model card, and
+the upload.
+
+The token comes from the environment (HF_TOKEN) or the stored login, through huggingface_hub; it is never taken on
+the command line and never printed.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from converter import __version__
+from converter.errors import OutputError, UsageError
+from converter.output import read_manifest
+from converter.registry import FAMILIES
+from converter.sources import hub_call
+from converter.targets import TARGETS
+
+
+def check_write_access(repo_id: str):
+    """Before any work: a token exists, may write, and belongs to the repo's owner (user or org)."""
+    from huggingface_hub import HfApi, errors
+
+    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
+        raise UsageError(f"the Hub repo to publish to must be ORG/NAME, got {repo_id!r}")
+
+    def whoami() -> dict:
+        try:
+            return HfApi().whoami()
+        except errors.LocalTokenNotFoundError:
+            raise OutputError("publishing needs a Hugging Face token: set HF_TOKEN or run `hf auth login`") from None
+        except errors.HfHubHTTPError as e:
+            raise OutputError(f"the Hub rejected the token ({str(e).splitlines()[0]})") from None
+
+    me = hub_call(whoami, repo_id, "main", error=OutputError)
+    role = me.get("auth", {}).get("accessToken", {}).get("role")
+    if role == "read":
+        raise OutputError(f"the token of {me.get('name')} is read-only; publishing to {repo_id} needs write access")
+    owner = repo_id.split("/")[0]
+    allowed = {me.get("name")} | {org.get("name") for org in me.get("orgs", [])}
+    if owner not in allowed:
+        raise OutputError(f"the token of {me.get('name')} cannot write to {owner}/ (it can write to: "
+                          f"{', '.join(sorted(n for n in allowed if n))})")
+
+
+def model_card(manifest: dict, repo_id: str) -> str:
+    from huggingface_hub import ModelCard, ModelCardData
+
+    target, fmt, family = manifest["target"], manifest["format"], manifest["family"]
+    source = manifest["source"]
+    data = ModelCardData(
+        base_model=source["origin"] if "revision" in source else None,
+        library_name=TARGETS[target].library_name,
+        tags=["jax", target, fmt, family, "vae", "vae-convert"],
+        license=None,
+    )
+    checks = manifest.get("validation", {}).get("checks", [])
+    rows = "\n".join(f"| {c['output']} | {'x'.join(map(str, c['shape']))} | {c['max_abs']:.2e} | {c['mean_abs']:.2e} "
+                     f"| {c['tol']:.1e} | {'✓' if c['ok'] else '✗'} |" for c in checks)
+    validation = (f"| output | shape | max abs diff | mean abs diff | tolerance | |\n|---|---|---|---|---|---|\n{rows}"
+                  if checks else "Not validated (converted with --no-validate).")
+    revision = source.get("revision") or ", ".join(f"{k} sha256 {v}" for k, v in source.get("sha256", {}).items())
+    usage = TARGETS[target].usage
+    body = f"""
+# {repo_id}
+
+{FAMILIES[family].class_name} weights converted by [vae-convert](https://pypi.org/project/vae-convert/) from
+`{source['origin']}` for the **{target}** target ({fmt}, {manifest['dtype']}).
+
+## Provenance
+
+| | |
+|---|---|
+| source | `{source['origin']}` |
+| source revision | `{revision}` |
+| tool | vae-convert {manifest['version']} |
+| dtype | {manifest['dtype']} |
+| mapping | `{manifest['mapping']['file']}` (sha256 `{manifest['mapping']['sha256'][:16]}…`) |
+
+## Validation
+
+Decode and encode of fixed inputs with the converted weights, against the reference PyTorch implementation on the
+source weights (both in float32 on the output-dtype weights).
+
+{validation}
+
+## Usage
+
+```python
+from huggingface_hub import snapshot_download
+import converter  # pip install vae-convert
+
+path = snapshot_download("{repo_id}")
+{usage}
+```
+"""
+    return str(ModelCard(f"---\n{data.to_yaml()}\n---\n{body}"))
+
+
+def publish(out_dir: Path, repo_id: str, private: bool, revision: str | None, create_pr: bool,
+            commit_message: str | None) -> str:
+    """Uploads a converted output folder with a generated model card; returns the commit (or PR) URL."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    manifest = read_manifest(out_dir)
+    api = HfApi()
+    message = commit_message or f"Upload {manifest['model']} VAE for {manifest['target']} (vae-convert {__version__})"
+    operations = [CommitOperationAdd(path_in_repo=str(p.relative_to(out_dir)), path_or_fileobj=str(p))
+                  for p in sorted(out_dir.rglob("*")) if p.is_file()]
+    operations.append(CommitOperationAdd("README.md", model_card(manifest, repo_id).encode()))
+
+    def upload():
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        if revision and not create_pr:
+            api.create_branch(repo_id, branch=revision, exist_ok=True)
+        return api.create_commit(repo_id, operations, commit_message=message, revision=revision, create_pr=create_pr)
+
+    commit = hub_call(upload, repo_id, revision or "main", error=OutputError)
+    return commit.pr_url or commit.commit_url

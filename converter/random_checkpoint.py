@@ -1,0 +1,40 @@
+"""`vae-convert random-checkpoint`: writes a diffusers-format checkpoint with random weights, for offline demos and
+tests. It uses the project's PyTorch model (diffusers' names and layouts), so no Hub access and no diffusers install;
+the folder appears whole or not at all."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from converter.errors import OutputError
+from converter.output import OutputFolder
+from converter.registry import ModelEntry, config_from_dict
+from converter.safetensors_io import SafetensorsWriter
+from converter.sources import WEIGHTS_NAME
+
+
+def write_random_checkpoint(entry: ModelEntry, out: Path, small: bool, seed: int = 0) -> int:
+    """Writes the checkpoint (the family's small widths with `small`); returns its number of parameters."""
+    import torch
+
+    family = entry.family
+    config = config_from_dict(family, {**entry.config, **(family.small_configs["default-arch"] if small else {})})
+    folder = OutputFolder(out, force=False)
+    if folder.out.exists():
+        raise OutputError(f"{folder.out} exists; choose a new folder")
+    torch.manual_seed(seed)
+    state = family.torch_model()(config).state_dict()
+    with folder as work:
+        try:
+            specs = {k: (tuple(v.shape), np.dtype(np.float32)) for k, v in state.items()}
+            writer = SafetensorsWriter(work / WEIGHTS_NAME, specs, {"format": "pt"})
+            for key, tensor in state.items():
+                writer.write(key, tensor.numpy())
+            writer.close()
+            (work / "config.json").write_text(json.dumps(config.to_dict(), indent=2) + "\n")
+        except OSError as e:
+            raise OutputError(f"cannot write to {folder.out.parent}: {e.strerror or e}") from None
+        folder.commit()
+    return sum(v.numel() for v in state.values())

@@ -1,0 +1,1 @@
+"""What the model families share: config base, chunk runners per framework, tiling, conv lowering, sharding."""

@@ -1,0 +1,17 @@
+"""The models' input checks: one clear ValueError instead of a shape error deep inside a convolution."""
+from __future__ import annotations
+
+
+def expect_video(x, channels: int, *, channels_last: bool, what: str, multiple: int = 1):
+    """x must be (B, T, H, W, C) (channels_last) or (B, C, T, H, W), with `channels` channels, at least one frame,
+    and height and width that are positive multiples of `multiple`."""
+    layout = "(B, T, H, W, C), channels-last" if channels_last else "(B, C, T, H, W), channels-first"
+    if x.ndim != 5:
+        raise ValueError(f"{what}: expected a 5-d array {layout}; got shape {tuple(x.shape)}")
+    b, t, h, w, c = x.shape if channels_last else (x.shape[0], *x.shape[2:], x.shape[1])
+    if c != channels:
+        raise ValueError(f"{what}: expected {channels} channels in {layout}; got shape {tuple(x.shape)}")
+    if b < 1 or t < 1:
+        raise ValueError(f"{what}: needs at least one video and one frame; got shape {tuple(x.shape)}")
+    if h < 1 or w < 1 or h % multiple or w % multiple:
+        raise ValueError(f"{what}: height and width must be positive multiples of {multiple}; got {h}x{w}")

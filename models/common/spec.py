@@ -1,0 +1,47 @@
+"""A model family's spec: what the converter, the tests and the benchmark need to know about one VAE architecture,
+kept beside its implementations. converter/registry.py lists the families; nothing else names them."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable
+
+from .config import DiffusersConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelName:
+    """A name users type (`vae-convert wan2.1`) and where that model's VAE lives on the Hub."""
+
+    name: str
+    repo_id: str
+    subfolder: str = "vae"
+    revision: str = "main"
+    config: dict = dataclasses.field(default_factory=dict)  # what differs from the family's defaults
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilySpec:
+    name: str
+    config_class: type[DiffusersConfig]
+    # The two implementations, imported on demand so that the CLI starts without Flax or the model code.
+    flax_model: Callable[[], type]
+    torch_model: Callable[[], type]
+    mapping_file: str  # in mappings/
+    models: tuple[ModelName, ...]
+    # (config) -> shapes of the validation inputs, channels-first: latent (B, z, T, H, W), video (B, C, T, H, W)
+    validation_latent_shape: Callable
+    validation_video_shape: Callable
+    # Small widths: "default-arch" is the default architecture at small widths (tests, `random-checkpoint --small`,
+    # the benchmark's smoke mode); the others change the structure. Tests compare each against diffusers.
+    small_configs: dict[str, dict]
+    # Frame counts the parity tests decode (latent frames) and encode (video frames): where the causal cache and the
+    # frame batching show.
+    parity_frames: tuple[tuple[int, ...], tuple[int, ...]]
+    # Extra configs `check-mappings` proves the rules against, beside the named models' own.
+    check_configs: tuple[tuple[str, dict], ...] = ()
+    clamps_output: bool = False  # whether decode clamps to [-1, 1], as diffusers' model does
+
+    @property
+    def class_name(self) -> str:
+        """diffusers' class, as config.json's `_class_name` names it."""
+        return self.config_class.class_name

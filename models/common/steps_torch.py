@@ -1,0 +1,39 @@
+"""Running a PyTorch VAE chunk by chunk, shared by both families: the same step as the Flax models'
+(models/common/steps_flax.py), with the causal cache passed explicitly from one chunk to the next, so that torchax can
+jit each step (converter/torchax_runtime.py); tile by tile when tiling is on."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .tiling import TilingMixin, run_tiled
+
+
+class ChunkedAutoencoder(TilingMixin, nn.Module):
+    """Subclasses define encoder, decoder, quant_conv and post_quant_conv (either may be None), and `config`."""
+
+    def chunk_step(self, part: str, x: torch.Tensor, cache):
+        """One chunk through the encoder then quant_conv, or post_quant_conv then the decoder. The 1x1x1 quant convs
+        act per pixel, so applying them per chunk is exact."""
+        if part == "decoder" and self.post_quant_conv is not None:
+            x = self.post_quant_conv(x)
+        x, cache = getattr(self, part)(x, cache)
+        if part == "encoder" and self.quant_conv is not None:
+            x = self.quant_conv(x)
+        return x, cache
+
+    def run_chunks(self, part: str, x: torch.Tensor, bounds: list[tuple[int, int]], step=None) -> torch.Tensor:
+        """x (B, C, T, H, W) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache
+        carried from one to the next. `step(part, chunk, cache)` runs one chunk: `chunk_step` unless the torchax
+        runtime passes its compiled one."""
+        step = step or self.chunk_step
+
+        def run(x):
+            outs, cache = [], None
+            for start, end in bounds:
+                out, cache = step(part, x[:, :, start:end], cache)
+                outs.append(out)
+            return torch.cat(outs, dim=2)
+
+        return run_tiled(run, x, self.tile_plan(part), h_axis=3, concat=torch.cat,
+                         as_array=lambda values, like: torch.as_tensor(values, dtype=like.dtype, device=like.device))

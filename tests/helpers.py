@@ -1,0 +1,121 @@
+"""Helpers shared by the tests: the real CLI in a fresh process, checkpoints built and saved by diffusers (the
+independent oracle), and the assertions every failure test makes."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from converter.models.common.spec import FamilySpec
+from converter.registry import MODELS
+from converter.targets import TARGETS
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_cli(*args, check=True, cwd=REPO, **kwargs) -> subprocess.CompletedProcess:
+    """Runs `vae-convert` as a user would, in a fresh process."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    result = subprocess.run([sys.executable, "-m", "converter", *map(str, args)], capture_output=True, text=True,
+                            cwd=cwd, env=env, **kwargs)
+    if check and result.returncode != 0:
+        raise AssertionError(f"vae-convert {' '.join(map(str, args))} exited {result.returncode}:\n"
+                             f"{result.stdout}\n{result.stderr}")
+    return result
+
+
+def fails(args, code: int, *needles, out: Path | None = None, cwd=REPO) -> str:
+    """The CLI exits with `code` and one `error:` line holding every needle, no traceback; with `out`, nothing is at
+    --out and nothing is left beside it. Returns the error line."""
+    result = run_cli(*args, check=False, cwd=cwd)
+    assert result.returncode == code, result.stdout + result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    if out is not None:
+        assert not out.exists()
+        assert not [p for p in out.parent.iterdir() if p.name.startswith(f".{out.name}.")]
+    return errors[0]
+
+
+def only(folder: Path, *names: str):
+    """The folder holds exactly these entries: no work or backup folders left over."""
+    assert sorted(p.name for p in folder.iterdir()) == sorted(names)
+
+
+def family_of(model: str) -> FamilySpec:
+    return MODELS[model].family
+
+
+def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) -> torch.nn.Module:
+    """A diffusers VAE of `family` with every parameter perturbed (norms and biases too, so a mapping that misplaces
+    them shows), saved with diffusers' own `save_pretrained`."""
+    import diffusers
+
+    torch.manual_seed(seed)
+    model = getattr(diffusers, family.class_name)(**config).eval()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=generator))
+        if family.clamps_output:
+            # keep decoded values inside the [-1, 1] clamp, where a wrong value cannot hide behind saturation
+            model.decoder.conv_out.weight.mul_(0.1)
+    model.save_pretrained(path)
+    return model
+
+
+def converted_by_cli(model: str, config: dict, root: Path, *cli_args) -> tuple:
+    """A diffusers checkpoint of `model`'s family saved under root/vae, converted to every target through the CLI
+    and loaded back: (the diffusers model, {target: loaded model})."""
+    import converter
+
+    reference = save_diffusers(family_of(model), root / "vae", config)
+    models = {}
+    for target in TARGETS:
+        run_cli(model, "--source", root / "vae", "--to", target, "--out", root / target, *cli_args)
+        models[target] = converter.load(root / target)
+    return reference, models
+
+
+def runner(target: str, model):
+    """The loaded model driven with channels-first numpy arrays (the target's validation runner)."""
+    return TARGETS[target].runner(model)
+
+
+def edited_copy(source: Path, folder: Path, edit) -> Path:
+    """A copy of a diffusers checkpoint folder whose state_dict went through `edit` (a function changing a dict)."""
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, folder)
+    weights = folder / "diffusion_pytorch_model.safetensors"
+    state = load_file(weights)
+    edit(state)
+    save_file(state, weights)
+    return folder
+
+
+def earlier_output(folder: Path, text: str = "previous output") -> Path:
+    """A folder that passes for an earlier vae-convert output (its manifest is there), holding old.txt."""
+    folder.mkdir(parents=True)
+    (folder / "vae_convert.json").write_text(json.dumps({"tool": "vae-convert"}))
+    (folder / "old.txt").write_text(text)
+    return folder
+
+
+def manifest(out: Path) -> dict:
+    return json.loads((out / "vae_convert.json").read_text())
+
+
+def compiled_steps() -> int:
+    """How many chunk steps the Flax models have compiled in this process (jax.jit's cache size: a private API,
+    kept behind this one helper)."""
+    from converter.models.common.steps_flax import step
+
+    return step._cache_size()
