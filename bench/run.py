@@ -7,6 +7,7 @@ Every measurement runs in a fresh process, so peak memory and first-call (compil
 are made with `vae-convert random-checkpoint` (the real architectures, random weights): timings do not depend on the
 values. The models measured are each registered family's first model name (converter/registry.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,12 +36,15 @@ def cases(smoke: bool) -> dict:
         size = 4 if smoke else 8
         batch, channels, frames = family.validation_latent_shape(config)[:3]
         video_batch, colors, video_frames = family.validation_video_shape(config)[:3]
-        result[entry.name] = ((batch, channels, frames, size, size), (video_batch, colors, video_frames, 8 * size,
-                                                                      8 * size))
+        result[entry.name] = (
+            (batch, channels, frames, size, size),
+            (video_batch, colors, video_frames, 8 * size, 8 * size),
+        )
     return result
 
 
 # -- measurements, each run in its own process via `python -m bench.run --task ...` --------------------------
+
 
 def _rss_mb(field: str) -> float:
     """VmRSS (now) or VmHWM (peak so far) of this process, in MB."""
@@ -72,8 +76,17 @@ def task_convert(source: str, out: str, model: str, target: str) -> dict:
     _import_everything()
     baseline = _rss_mb("VmRSS")
     started = time.perf_counter()
-    convert(Request(model=get_model(model), target=TARGETS[target], out=Path(out), source=source, offline=True,
-                    force=True, validate=False))
+    convert(
+        Request(
+            model=get_model(model),
+            target=TARGETS[target],
+            out=Path(out),
+            source=source,
+            offline=True,
+            force=True,
+            validate=False,
+        )
+    )
     return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": _rss_mb("VmHWM") - baseline}
 
 
@@ -165,9 +178,14 @@ TASKS = {"convert": task_convert, "naive": task_naive, "load": task_load, "run":
 
 # -- orchestration ----------------------------------------------------------------------------------------
 
+
 def _task(name: str, **kwargs) -> dict:
-    result = subprocess.run([sys.executable, "-m", "bench.run", "--task", name, json.dumps(kwargs)], cwd=REPO,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--task", name, json.dumps(kwargs)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if result.returncode != 0:
         raise RuntimeError(f"bench task {name} {kwargs} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -188,13 +206,18 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool) -> dict:
     copy_s = time.perf_counter() - started
     result = {"checkpoint_mb": size_mb, "copy_seconds": copy_s, "convert": {}, "run": {}}
     for target in ("flax", "torchax"):
-        result["convert"][target] = _task("convert", source=str(source), out=str(work / f"{model}-{target}"),
-                                          model=model, target=target)
+        result["convert"][target] = _task(
+            "convert", source=str(source), out=str(work / f"{model}-{target}"), model=model, target=target
+        )
     result["convert"]["naive"] = _task("naive", source=str(source), out=str(work / f"{model}-naive"), model=model)
     result["load_flax"] = _task("load", out=str(work / f"{model}-flax"))
     cache = work / f"{model}-jax-cache"
-    runs = {"flax": work / f"{model}-flax", "torchax": work / f"{model}-torchax",
-            "torch": work / f"{model}-torchax", "diffusers": work / f"{model}-torchax"}
+    runs = {
+        "flax": work / f"{model}-flax",
+        "torchax": work / f"{model}-torchax",
+        "torch": work / f"{model}-torchax",
+        "diffusers": work / f"{model}-torchax",
+    }
     if not _has_diffusers():
         runs.pop("diffusers")
     if smoke:
@@ -205,8 +228,9 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool) -> dict:
         return result
     # the compile cache: one process fills it, the next one measures its first call
     _task("run", impl="flax", path=str(runs["flax"]), latent=latent, video=video, cache=str(cache))
-    result["run"]["flax+cache"] = _task("run", impl="flax", path=str(runs["flax"]), latent=latent, video=video,
-                                        cache=str(cache))
+    result["run"]["flax+cache"] = _task(
+        "run", impl="flax", path=str(runs["flax"]), latent=latent, video=video, cache=str(cache)
+    )
     return result
 
 
@@ -224,28 +248,45 @@ def _device() -> str:
     return f"{platform.machine()}, {os.cpu_count()} CPU cores, JAX backend {jax.default_backend()} ({kind})"
 
 
+def _cell(measured: dict, model: dict) -> str:
+    """Conversion time and peak memory above the baseline, also as a multiple of the checkpoint's size."""
+    peak = measured["peak_above_baseline_mb"]
+    return f"{measured['seconds']:.2f} s, +{peak:.0f} MB ({peak / model['checkpoint_mb']:.2f}x)"
+
+
 def markdown(results: dict) -> str:
     lines = [f"Machine: {results['device']}; {results['date']}; mode: {results['mode']}.", ""]
-    lines += ["| model | checkpoint | copy | vae-convert flax | vae-convert torchax | naive (read all, transpose, "
-              "save) | load flax |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "| model | checkpoint | copy | vae-convert flax | vae-convert torchax | naive (read all, transpose, "
+        "save) | load flax |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for model, r in results["models"].items():
         c = r["convert"]
-        cell = lambda m: f"{m['seconds']:.2f} s, +{m['peak_above_baseline_mb']:.0f} MB " \
-                         f"({m['peak_above_baseline_mb'] / r['checkpoint_mb']:.2f}x)"  # noqa: E731
-        lines.append(f"| {model} | {r['checkpoint_mb']:.0f} MB | {r['copy_seconds']:.2f} s | {cell(c['flax'])} | "
-                     f"{cell(c['torchax'])} | {cell(c['naive'])} | {r['load_flax']['seconds']:.2f} s |")
+        lines.append(
+            f"| {model} | {r['checkpoint_mb']:.0f} MB | {r['copy_seconds']:.2f} s | {_cell(c['flax'], r)} | "
+            f"{_cell(c['torchax'], r)} | {_cell(c['naive'], r)} | {r['load_flax']['seconds']:.2f} s |"
+        )
     lines += ["", "Conversion time is after imports; memory is peak RSS above the process's RSS after imports.", ""]
-    lines += ["| model | implementation | decode first | decode steady | encode first | encode steady | decode vs "
-              "diffusers |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "| model | implementation | decode first | decode steady | encode first | encode steady | decode vs "
+        "diffusers |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for model, r in results["models"].items():
         reference = r["run"].get("diffusers", r["run"]["torch"])["decode"]["steady"]  # torch if diffusers is absent
         for impl, t in r["run"].items():
-            lines.append(f"| {model} | {impl} | {t['decode']['first']:.2f} s | {t['decode']['steady']:.2f} s | "
-                         f"{t['encode']['first']:.2f} s | {t['encode']['steady']:.2f} s | "
-                         f"{reference / t['decode']['steady']:.2f}x |")
-    lines += ["", "first = first call in a fresh process (compiles for jitted models); steady = best later call; "
-              "flax+cache = first call with the persistent compilation cache already filled by another process; "
-              "the last column is diffusers' steady decode time over this one's (above 1 is faster)."]
+            lines.append(
+                f"| {model} | {impl} | {t['decode']['first']:.2f} s | {t['decode']['steady']:.2f} s | "
+                f"{t['encode']['first']:.2f} s | {t['encode']['steady']:.2f} s | "
+                f"{reference / t['decode']['steady']:.2f}x |"
+            )
+    lines += [
+        "",
+        "first = first call in a fresh process (compiles for jitted models); steady = best later call; "
+        "flax+cache = first call with the persistent compilation cache already filled by another process; "
+        "the last column is diffusers' steady decode time over this one's (above 1 is faster).",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -260,8 +301,12 @@ def main():
         print(json.dumps(TASKS[args.task](**json.loads(rest[0]))))
         return
     with tempfile.TemporaryDirectory(prefix="vae-convert-bench-") as work:
-        results = {"device": _device(), "date": time.strftime("%Y-%m-%d %H:%M"),
-                   "mode": "smoke" if args.smoke else "full", "models": {}}
+        results = {
+            "device": _device(),
+            "date": time.strftime("%Y-%m-%d %H:%M"),
+            "mode": "smoke" if args.smoke else "full",
+            "models": {},
+        }
         measured = cases(args.smoke)
         for model in args.models or list(measured):
             print(f"measuring {model} ...", file=sys.stderr)

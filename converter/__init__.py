@@ -4,6 +4,7 @@ The installed package holds the converter and, beneath it, `converter.models` (t
 `converter.mappings` (the mapping files). `load` and `enable_compile_cache` import the rest on first use, so that
 `import converter` stays light.
 """
+
 __version__ = "0.2.0"
 
 

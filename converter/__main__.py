@@ -4,6 +4,7 @@ SIGINT and SIGTERM are handled from the first moment: the first one unwinds the 
 is removed on the way out) and later ones are ignored, so that cleanup is not cut short. The process then ends with
 os._exit, skipping the interpreter's teardown: JAX's runtime threads can crash it when a computation was interrupted.
 """
+
 import os
 import signal
 import sys

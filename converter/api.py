@@ -4,6 +4,7 @@ flax     -> the Flax NNX model (channels-last), built from abstract state and fi
 torchax  -> the PyTorch model (diffusers' names) with the converted weights, on CPU; pass it to
             `converter.torchax_runtime.compile_model` to run it on JAX, each step jitted.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,6 +1,7 @@
 """`vae-convert check-mappings`: proves every rule of every mapping file against every registered config and
 target, without weights: the source side is the project's PyTorch model on the meta device (diffusers' names and
 shapes), the target side the target model's abstract state."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,15 +70,28 @@ def _check_target(rules, family, configs, target) -> TargetReport:
         for rule, count in result.hits.items():
             hits[rule][name] = count
     rule_rows = [{"name": r.name, "where": r.where, "hits": h} for r, h in hits.items()]
-    dead = [f"rule {r.name!r} ({r.where}) matches nothing for any registered config"
-            for r, h in hits.items() if not any(h.values())]
+    dead = [
+        f"rule {r.name!r} ({r.where}) matches nothing for any registered config"
+        for r, h in hits.items()
+        if not any(h.values())
+    ]
     return TargetReport(target, per_config, rule_rows, dead)
 
 
 def as_json(reports: list[FileReport], seconds: float) -> dict:
-    return {"ok": all(r.ok for r in reports), "seconds": round(seconds, 2),
-            "mappings": [{"file": r.file, "ok": r.ok, "error": r.error,
-                          "targets": [dict(dataclasses.asdict(t), ok=t.ok) for t in r.targets]} for r in reports]}
+    return {
+        "ok": all(r.ok for r in reports),
+        "seconds": round(seconds, 2),
+        "mappings": [
+            {
+                "file": r.file,
+                "ok": r.ok,
+                "error": r.error,
+                "targets": [dict(dataclasses.asdict(t), ok=t.ok) for t in r.targets],
+            }
+            for r in reports
+        ],
+    }
 
 
 def as_text(reports: list[FileReport], seconds: float) -> str:

@@ -3,6 +3,7 @@
 
 Every failure is one line on stderr and a documented exit code (converter/errors.py); exit 1 is kept for bugs, whose
 traceback goes to a file the message names."""
+
 from __future__ import annotations
 
 import os
@@ -30,8 +31,11 @@ class ModelGroup(click.Group):
         return super().resolve_command(ctx, args)
 
 
-@click.group(cls=ModelGroup, context_settings={"help_option_names": ["-h", "--help"]},
-             epilog=f"Models: {', '.join(MODELS)} (`vae-convert list` says more).")
+@click.group(
+    cls=ModelGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=f"Models: {', '.join(MODELS)} (`vae-convert list` says more).",
+)
 @click.version_option(__version__, prog_name="vae-convert")
 def cli():
     """Convert Hugging Face video-VAE checkpoints to Flax NNX (Orbax) or torchax (safetensors) weights.
@@ -48,36 +52,85 @@ def cli():
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory (must not exist).")
 @click.option("--source", help="Local diffusers folder, .safetensors file, shard index, or Hub repo id[@rev].")
 @click.option("--revision", help="Hub revision (branch, tag or commit) of the source.")
-@click.option("--format", "fmt", type=click.Choice(FORMAT_NAMES),
-              help="Weights format: orbax (default for flax) or safetensors (default and only for torchax).")
-@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
-              show_default=True, help="Output dtype; auto keeps the source's.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(FORMAT_NAMES),
+    help="Weights format: orbax (default for flax) or safetensors (default and only for torchax).",
+)
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    default="auto",
+    show_default=True,
+    help="Output dtype; auto keeps the source's.",
+)
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (also HF_HUB_OFFLINE=1).")
 @click.option("--no-validate", "skip_validation", is_flag=True, help="Skip the decode/encode check.")
 @click.option("--force", is_flag=True, help="Replace an earlier output at --out (only once the new one is complete).")
-@click.option("--keep-invalid", is_flag=True, help="Keep an output that fails validation (the exit code still says so).")
+@click.option(
+    "--keep-invalid", is_flag=True, help="Keep an output that fails validation (the exit code still says so)."
+)
 @click.option("--allow-nonfinite", is_flag=True, help="Convert weights that hold NaN or Inf instead of refusing.")
-@click.option("--mapping", "mapping_file", type=click.Path(path_type=Path, dir_okay=False),
-              help="Use this mapping file instead of the family's (for developing mappings).")
+@click.option(
+    "--mapping",
+    "mapping_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="Use this mapping file instead of the family's (for developing mappings).",
+)
 @click.option("--dry-run", is_flag=True, help="Print what would be fetched and written; fetch and write nothing.")
-@click.option("--push-to-hub", metavar="ORG/NAME", help="Publish the output with a model card (token: HF_TOKEN or login).")
+@click.option(
+    "--push-to-hub", metavar="ORG/NAME", help="Publish the output with a model card (token: HF_TOKEN or login)."
+)
 @click.option("--private", is_flag=True, help="With --push-to-hub: create the repo private.")
 @click.option("--push-revision", metavar="BRANCH", help="With --push-to-hub: the branch to commit to.")
 @click.option("--create-pr", is_flag=True, help="With --push-to-hub: open a pull request instead of committing.")
 @click.option("--commit-message", help="With --push-to-hub: the commit message.")
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
-def convert(model, target, out, source, revision, fmt, dtype, offline, skip_validation, force, keep_invalid,
-            allow_nonfinite, mapping_file, dry_run, push_to_hub, private, push_revision, create_pr, commit_message,
-            verbose):
+def convert(
+    model,
+    target,
+    out,
+    source,
+    revision,
+    fmt,
+    dtype,
+    offline,
+    skip_validation,
+    force,
+    keep_invalid,
+    allow_nonfinite,
+    mapping_file,
+    dry_run,
+    push_to_hub,
+    private,
+    push_revision,
+    create_pr,
+    commit_message,
+    verbose,
+):
     """Convert MODEL's VAE (names: `vae-convert list`) to --to's weights at --out."""
 
     def request():
         from converter.pipeline import Request
 
-        return Request(model=get_model(model), target=TARGETS[target], out=out, source=source, revision=revision,
-                       offline=offline, fmt=fmt, dtype=dtype, force=force, validate=not skip_validation,
-                       mapping_file=mapping_file, allow_nonfinite=allow_nonfinite, keep_invalid=keep_invalid,
-                       say=_say, progress=_progress)
+        return Request(
+            model=get_model(model),
+            target=TARGETS[target],
+            out=out,
+            source=source,
+            revision=revision,
+            offline=offline,
+            fmt=fmt,
+            dtype=dtype,
+            force=force,
+            validate=not skip_validation,
+            mapping_file=mapping_file,
+            allow_nonfinite=allow_nonfinite,
+            keep_invalid=keep_invalid,
+            say=_say,
+            progress=_progress,
+        )
 
     if dry_run:
         from converter.pipeline import dry_run as plan
@@ -95,11 +148,16 @@ def convert(model, target, out, source, revision, fmt, dtype, offline, skip_vali
     from converter.pipeline import convert as run
 
     summary = _guarded(lambda: run(request()), verbose, "interrupted; nothing was written")
-    checks = (f", validation {sum(c.ok for c in summary.comparisons)}/{len(summary.comparisons)} ✓"
-              if summary.comparisons else ", not validated")
-    click.echo(f"✓ {model} -> {summary.target} ({summary.fmt}, {summary.dtype}): {summary.tensors} tensors, "
-               f"{summary.parameters / 1e6:.1f}M parameters, {summary.bytes / 1e6:.1f} MB in {summary.seconds:.1f}s"
-               f"{checks} -> {summary.out}")
+    checks = (
+        f", validation {sum(c.ok for c in summary.comparisons)}/{len(summary.comparisons)} ✓"
+        if summary.comparisons
+        else ", not validated"
+    )
+    click.echo(
+        f"✓ {model} -> {summary.target} ({summary.fmt}, {summary.dtype}): {summary.tensors} tensors, "
+        f"{summary.parameters / 1e6:.1f}M parameters, {summary.bytes / 1e6:.1f} MB in {summary.seconds:.1f}s"
+        f"{checks} -> {summary.out}"
+    )
     if push_to_hub:
         _publish(summary.out, push_to_hub, private, push_revision, create_pr, commit_message, verbose)
 
@@ -125,16 +183,26 @@ def publish(out, repo_id, private, revision, create_pr, commit_message, verbose)
 def _publish(out, repo_id, private, revision, create_pr, commit_message, verbose):
     from converter.publish import publish as upload
 
-    url = _guarded(lambda: upload(out, repo_id, private, revision, create_pr, commit_message), verbose,
-                   "interrupted; the upload may not have completed")
+    url = _guarded(
+        lambda: upload(out, repo_id, private, revision, create_pr, commit_message),
+        verbose,
+        "interrupted; the upload may not have completed",
+    )
     click.echo(f"✓ published {out} -> {url}")
 
 
 @cli.command("list")
 def list_models():
     """The model names MODEL takes, with their Hub repos and VAE classes."""
-    rows = [(m.name, f"{m.repo_id} ({m.subfolder}/)", m.family.class_name,
-             ", ".join(f"{k}={v}" for k, v in m.config.items()) or "defaults") for m in MODELS.values()]
+    rows = [
+        (
+            m.name,
+            f"{m.repo_id} ({m.subfolder}/)",
+            m.family.class_name,
+            ", ".join(f"{k}={v}" for k, v in m.config.items()) or "defaults",
+        )
+        for m in MODELS.values()
+    ]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
@@ -149,8 +217,9 @@ def random_checkpoint(model, out, small, seed):
     """Write a diffusers-format checkpoint of MODEL with random weights to OUT (offline demos and tests)."""
     from converter.random_checkpoint import write_random_checkpoint
 
-    parameters = _guarded(lambda: write_random_checkpoint(get_model(model), out, small, seed), False,
-                          "interrupted; nothing was written")
+    parameters = _guarded(
+        lambda: write_random_checkpoint(get_model(model), out, small, seed), False, "interrupted; nothing was written"
+    )
     click.echo(f"✓ random {model} checkpoint ({parameters / 1e6:.1f}M parameters) -> {out}")
 
 
@@ -169,8 +238,9 @@ def check_mappings(files, target, as_json):
     from converter import check_mappings as checker
 
     reports, seconds = checker.run(list(files), target)
-    click.echo(json.dumps(checker.as_json(reports, seconds), indent=2) if as_json
-               else checker.as_text(reports, seconds))
+    click.echo(
+        json.dumps(checker.as_json(reports, seconds), indent=2) if as_json else checker.as_text(reports, seconds)
+    )
     if not all(r.ok for r in reports):
         raise click.exceptions.Exit(MappingError.exit_code)
 

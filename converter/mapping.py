@@ -9,6 +9,7 @@ Target keys are dotted paths; a numeric part is a list index (Flax `nnx.List`), 
 `plan` checks everything that can be checked without data, both ways, before a byte is read or written:
 each source key matched by exactly one rule, each target leaf filled exactly once, each shape right.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -89,8 +90,9 @@ def _parse_rule(path: Path, raw) -> Rule:
     where = f"{path}:{raw.pop('__line__')}"
     unknown = set(raw) - RULE_FIELDS
     if unknown:
-        raise MappingError(f"{where}: unknown rule field(s): {', '.join(sorted(unknown))} "
-                           f"(allowed: {', '.join(sorted(RULE_FIELDS))})")
+        raise MappingError(
+            f"{where}: unknown rule field(s): {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(RULE_FIELDS))})"
+        )
     if not isinstance(raw.get("match"), str) or not isinstance(raw.get("to"), str):
         raise MappingError(f"{where}: a rule needs string fields 'match' and 'to'")
     try:
@@ -176,12 +178,14 @@ def match_keys(mapping: Mapping, target: str, source: dict[str, tuple], target_s
         rule, match = found[0]
         target_key = rule.target_key(match)
         if target_key not in target_shapes:
-            problems.append(f"source key {key!r} maps to {target_key!r} ({rule.where}), which the {target} model "
-                            f"does not have")
+            problems.append(
+                f"source key {key!r} maps to {target_key!r} ({rule.where}), which the {target} model does not have"
+            )
             continue
         if target_key in filled_by:
-            problems.append(f"target leaf {target_key!r} is filled twice: from {filled_by[target_key]!r} and "
-                            f"{key!r} ({rule.where})")
+            problems.append(
+                f"target leaf {target_key!r} is filled twice: from {filled_by[target_key]!r} and {key!r} ({rule.where})"
+            )
             continue
         filled_by[target_key] = key
         try:
@@ -190,12 +194,17 @@ def match_keys(mapping: Mapping, target: str, source: dict[str, tuple], target_s
             problems.append(f"source key {key!r}: {e} ({rule.where})")
             continue
         if got != tuple(target_shapes[target_key]):
-            problems.append(f"shape mismatch for {key!r} -> {target_key!r}: expected {list(target_shapes[target_key])}"
-                            f", got {list(got)} from source {list(source[key])} ({rule.where})")
+            problems.append(
+                f"shape mismatch for {key!r} -> {target_key!r}: expected {list(target_shapes[target_key])}"
+                f", got {list(got)} from source {list(source[key])} ({rule.where})"
+            )
             continue
         assignments.append(Assignment(key, target_key, rule))
-    problems += [f"target leaf {k!r} is filled by no source key (missing from the checkpoint?)"
-                 for k in target_shapes if k not in filled_by]
+    problems += [
+        f"target leaf {k!r} is filled by no source key (missing from the checkpoint?)"
+        for k in target_shapes
+        if k not in filled_by
+    ]
     return Match(assignments, problems, hits)
 
 

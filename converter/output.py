@@ -13,6 +13,7 @@ What it guarantees:
 - Work and backup folders carry the owner's pid, so a later run can tell a killed run's leftovers from a live run's
   folders, remove them, and put back an output that a killed --force run had moved aside.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -21,8 +22,8 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 from converter.errors import InputError, OutputError
 
@@ -87,15 +88,16 @@ class OutputFolder:
         if not os.path.lexists(self.out):
             return None
         if not self._replaceable():
-            return (f"{self.out} exists and is not a vae-convert output (it holds {_describe(self.out)}); refusing "
-                    f"to replace it{' even with --force' if self.force else ''}: choose another --out")
+            return (
+                f"{self.out} exists and is not a vae-convert output (it holds {_describe(self.out)}); refusing "
+                f"to replace it{' even with --force' if self.force else ''}: choose another --out"
+            )
         if not self.force:
             return f"{self.out} exists; pass --force to replace it (the old output stays until the new one is done)"
         return None
 
     def _replaceable(self) -> bool:
-        return self.out.is_dir() and not self.out.is_symlink() and (not any(self.out.iterdir()) or
-                                                                     is_output(self.out))
+        return self.out.is_dir() and not self.out.is_symlink() and (not any(self.out.iterdir()) or is_output(self.out))
 
     def check_not_source(self, paths: Iterable[Path]):
         """--out must not be the source or hold it: replacing --out would delete the user's checkpoint."""
@@ -103,8 +105,10 @@ class OutputFolder:
         for path in paths:
             real = Path(path).resolve()
             if real == out or out in real.parents:
-                raise OutputError(f"--out {self.out} is the source or holds it ({path}); refusing to write there, "
-                                  f"with or without --force: choose another --out")
+                raise OutputError(
+                    f"--out {self.out} is the source or holds it ({path}); refusing to write there, "
+                    f"with or without --force: choose another --out"
+                )
 
     def __enter__(self) -> Path:
         try:
@@ -130,10 +134,13 @@ class OutputFolder:
         try:
             if self.force and os.path.lexists(self.out):
                 if not self._replaceable():  # it changed since check()
-                    raise OutputError(f"{self.out} changed during the conversion and is no longer a vae-convert "
-                                      f"output (it holds {_describe(self.out)}); not replacing it")
-                old = Path(tempfile.mkdtemp(prefix=f"{_sibling_prefix(self.out, 'old')}{os.getpid()}-",
-                                            dir=self.out.parent))
+                    raise OutputError(
+                        f"{self.out} changed during the conversion and is no longer a vae-convert "
+                        f"output (it holds {_describe(self.out)}); not replacing it"
+                    )
+                old = Path(
+                    tempfile.mkdtemp(prefix=f"{_sibling_prefix(self.out, 'old')}{os.getpid()}-", dir=self.out.parent)
+                )
                 os.rename(self.out, old / "previous")
             try:
                 _rename_noreplace(self.work, self.out)
@@ -142,8 +149,10 @@ class OutputFolder:
                     os.rename(old / "previous", self.out)
                 raise
         except FileExistsError:
-            raise OutputError(f"another run wrote {self.out} first; its output is kept and this one discarded "
-                              f"(pass --force to replace it)") from None
+            raise OutputError(
+                f"another run wrote {self.out} first; its output is kept and this one discarded "
+                f"(pass --force to replace it)"
+            ) from None
         except OSError as e:
             raise OutputError(f"cannot move the output into place at {self.out}: {e.strerror or e}") from None
         self.committed = True
@@ -168,7 +177,7 @@ class OutputFolder:
 
 
 def _owner_alive(folder: Path, prefix: str) -> bool:
-    pid = folder.name[len(prefix):].split("-", 1)[0]
+    pid = folder.name[len(prefix) :].split("-", 1)[0]
     if not pid.isdigit():
         return True  # not ours to touch
     try:

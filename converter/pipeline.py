@@ -4,13 +4,14 @@ into the output's work folder, load that back and validate it, and only then com
 Nothing here prints: what a user should see reaches the caller through `say` (one line at a time) and `progress`
 (an iterable wrapper for the tensor loop), which the CLI supplies.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Callable, Iterable
 
 import numpy as np
 
@@ -18,7 +19,7 @@ from converter import __version__, mapping, sources, validate
 from converter.errors import InputError, MappingError, OutputError, ValidationError
 from converter.output import MANIFEST, TOOL, OutputFolder, write_json
 from converter.registry import FAMILIES, ModelEntry, command_for, config_from_dict, family_for_class
-from converter.targets import DTYPES, TARGETS, Target, load_output, meta_torch
+from converter.targets import DTYPES, Target, load_output, meta_torch
 
 
 def _silent(message: str):
@@ -89,8 +90,10 @@ def dry_run(req: Request) -> str:
     else:
         lines.append(f"source: {Path(req.source).expanduser().absolute()} (local)")
     replacing = req.force and folder.out.exists()
-    lines.append(f"output: {folder.out} ({req.target.name}, {req.fmt}, dtype {req.dtype}"
-                 f"{', replacing the existing output' if replacing else ''})")
+    lines.append(
+        f"output: {folder.out} ({req.target.name}, {req.fmt}, dtype {req.dtype}"
+        f"{', replacing the existing output' if replacing else ''})"
+    )
     refusal, plan = folder.refusal(), None
     if location is None or all(f["cached"] for f in files):
         source = sources.resolve(entry, req.source, req.revision, offline=True)
@@ -102,8 +105,10 @@ def dry_run(req: Request) -> str:
     if refusal:
         lines.append(f"  ✗ {refusal}: a conversion would stop here")
     if plan is not None:
-        lines.append(f"plan: {len(plan.assignments)} tensors, every key mapped to a {req.target.name} leaf "
-                     f"({req.target.weight_files[req.fmt]})")
+        lines.append(
+            f"plan: {len(plan.assignments)} tensors, every key mapped to a {req.target.name} leaf "
+            f"({req.target.weight_files[req.fmt]})"
+        )
     return "\n".join(lines)
 
 
@@ -138,8 +143,10 @@ def ensure_weights_fit_config(family, config, weights: sources.SourceWeights):
     wrong = [k for k in expected if k in weights.specs and tuple(weights.specs[k][0]) != expected[k]]
     other = _looks_like(family, list(weights.specs)) if unexpected else None
     if other is not None:
-        raise InputError(f"this checkpoint looks like a {other.name} VAE ({other.class_name}), not "
-                         f"{family.class_name}: try `{command_for(other)}`")
+        raise InputError(
+            f"this checkpoint looks like a {other.name} VAE ({other.class_name}), not "
+            f"{family.class_name}: try `{command_for(other)}`"
+        )
     problems = []
     if unexpected:
         problems.append(f"{len(unexpected)} key(s) {family.class_name} does not have: {_first(unexpected)}")
@@ -147,8 +154,10 @@ def ensure_weights_fit_config(family, config, weights: sources.SourceWeights):
         problems.append(f"{len(missing)} key(s) missing from the checkpoint: {_first(missing)}")
     if wrong:
         k = wrong[0]
-        problems.append(f"config.json and the weights disagree on {len(wrong)} shape(s), e.g. {k!r} is "
-                        f"{list(weights.specs[k][0])} in the checkpoint, the config implies {list(expected[k])}")
+        problems.append(
+            f"config.json and the weights disagree on {len(wrong)} shape(s), e.g. {k!r} is "
+            f"{list(weights.specs[k][0])} in the checkpoint, the config implies {list(expected[k])}"
+        )
     if problems:
         raise InputError("; ".join(problems))
 
@@ -177,11 +186,14 @@ def ensure_storable(key: str, source: np.ndarray, converted: np.ndarray, allow_n
     if not source_finite.all():
         if allow_nonfinite:
             return
-        raise InputError(f"tensor {key!r} holds {int((~source_finite).sum())} NaN/Inf value(s); refusing to convert "
-                         f"(pass --allow-nonfinite to keep them)")
+        raise InputError(
+            f"tensor {key!r} holds {int((~source_finite).sum())} NaN/Inf value(s); refusing to convert "
+            f"(pass --allow-nonfinite to keep them)"
+        )
     peak = float(np.abs(source.astype(np.float32)).max())
-    raise InputError(f"tensor {key!r} has values up to {peak:.4g}, beyond what {converted.dtype.name} holds; choose "
-                     f"another --dtype")
+    raise InputError(
+        f"tensor {key!r} has values up to {peak:.4g}, beyond what {converted.dtype.name} holds; choose another --dtype"
+    )
 
 
 def load_family_mapping(req: Request) -> tuple[Path, mapping.Mapping]:
@@ -190,8 +202,9 @@ def load_family_mapping(req: Request) -> tuple[Path, mapping.Mapping]:
     path = req.mapping_file or mapping.MAPPINGS_DIR / family.mapping_file
     rules = mapping.load_mapping(path)
     if rules.family != family.name:
-        raise MappingError(f"{path} is the mapping of the {rules.family} family, not of {family.name} "
-                           f"({req.model.name})")
+        raise MappingError(
+            f"{path} is the mapping of the {rules.family} family, not of {family.name} ({req.model.name})"
+        )
     return path, rules
 
 
@@ -224,10 +237,17 @@ def convert(req: Request) -> Summary:
     with folder as work:
         provenance = source.start_hashing()
         manifest = {
-            "tool": TOOL, "version": __version__, "family": family.name, "model": req.model.name,
-            "target": req.target.name, "format": req.fmt, "dtype": dtype.name,
-            "mapping": {"file": str(req.mapping_file) if req.mapping_file else plan.mapping_path.name,
-                        "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest()},
+            "tool": TOOL,
+            "version": __version__,
+            "family": family.name,
+            "model": req.model.name,
+            "target": req.target.name,
+            "format": req.fmt,
+            "dtype": dtype.name,
+            "mapping": {
+                "file": str(req.mapping_file) if req.mapping_file else plan.mapping_path.name,
+                "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest(),
+            },
         }
         specs = {a.target_key: (plan.leaf_shapes[a.target_key], dtype) for a in plan.assignments}
         nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest)
@@ -240,8 +260,17 @@ def convert(req: Request) -> Summary:
     if failed:  # only reached with --keep-invalid: the output is kept, marked invalid, and the run still fails
         raise ValidationError(f"{_failure(failed)}; kept at {folder.out} because of --keep-invalid")
     parameters = sum(int(np.prod(shape)) for shape, _ in specs.values())
-    return Summary(folder.out, req.target.name, req.fmt, dtype.name, len(specs), parameters, nbytes,
-                   time.monotonic() - started, comparisons)
+    return Summary(
+        folder.out,
+        req.target.name,
+        req.fmt,
+        dtype.name,
+        len(specs),
+        parameters,
+        nbytes,
+        time.monotonic() - started,
+        comparisons,
+    )
 
 
 def _validate(req, plan, dtype, work, manifest, out) -> list:
@@ -250,8 +279,11 @@ def _validate(req, plan, dtype, work, manifest, out) -> list:
     req.say("validating: decode and encode against the PyTorch reference on the source weights ...")
     family = req.model.family
     comparisons = validate.run(family, plan.config, req.target.runner(load_output(work)), plan.weights, dtype)
-    manifest["validation"] = {"rtol": validate.RTOL, "ok": all(c.ok for c in comparisons),
-                              "checks": [c.as_dict() for c in comparisons]}
+    manifest["validation"] = {
+        "rtol": validate.RTOL,
+        "ok": all(c.ok for c in comparisons),
+        "checks": [c.as_dict() for c in comparisons],
+    }
     write_json(work / MANIFEST, manifest)
     req.say("\n".join(c.line() for c in comparisons))
     failed = [c for c in comparisons if not c.ok]
@@ -262,8 +294,10 @@ def _validate(req, plan, dtype, work, manifest, out) -> list:
 
 def _failure(failed) -> str:
     worst = max(failed, key=lambda c: c.max_abs / c.tol)
-    return (f"validation failed for {', '.join(c.name for c in failed)} ({worst.name}: max |Δ| {worst.max_abs:.2e} "
-            f"> tol {worst.tol:.1e})")
+    return (
+        f"validation failed for {', '.join(c.name for c in failed)} ({worst.name}: max |Δ| {worst.max_abs:.2e} "
+        f"> tol {worst.tol:.1e})"
+    )
 
 
 def _write_weights(work, req, assignments, weights, specs, manifest) -> int:

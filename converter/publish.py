@@ -4,6 +4,7 @@ the upload.
 The token comes from the environment (HF_TOKEN) or the stored login, through huggingface_hub; it is never taken on
 the command line and never printed.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,8 +39,10 @@ def check_write_access(repo_id: str):
     owner = repo_id.split("/")[0]
     allowed = {me.get("name")} | {org.get("name") for org in me.get("orgs", [])}
     if owner not in allowed:
-        raise OutputError(f"the token of {me.get('name')} cannot write to {owner}/ (it can write to: "
-                          f"{', '.join(sorted(n for n in allowed if n))})")
+        raise OutputError(
+            f"the token of {me.get('name')} cannot write to {owner}/ (it can write to: "
+            f"{', '.join(sorted(n for n in allowed if n))})"
+        )
 
 
 def model_card(manifest: dict, repo_id: str) -> str:
@@ -54,27 +57,33 @@ def model_card(manifest: dict, repo_id: str) -> str:
         license=None,
     )
     checks = manifest.get("validation", {}).get("checks", [])
-    rows = "\n".join(f"| {c['output']} | {'x'.join(map(str, c['shape']))} | {c['max_abs']:.2e} | {c['mean_abs']:.2e} "
-                     f"| {c['tol']:.1e} | {'✓' if c['ok'] else '✗'} |" for c in checks)
-    validation = (f"| output | shape | max abs diff | mean abs diff | tolerance | |\n|---|---|---|---|---|---|\n{rows}"
-                  if checks else "Not validated (converted with --no-validate).")
+    rows = "\n".join(
+        f"| {c['output']} | {'x'.join(map(str, c['shape']))} | {c['max_abs']:.2e} | {c['mean_abs']:.2e} "
+        f"| {c['tol']:.1e} | {'✓' if c['ok'] else '✗'} |"
+        for c in checks
+    )
+    validation = (
+        f"| output | shape | max abs diff | mean abs diff | tolerance | |\n|---|---|---|---|---|---|\n{rows}"
+        if checks
+        else "Not validated (converted with --no-validate)."
+    )
     revision = source.get("revision") or ", ".join(f"{k} sha256 {v}" for k, v in source.get("sha256", {}).items())
     usage = TARGETS[target].usage
     body = f"""
 # {repo_id}
 
 {FAMILIES[family].class_name} weights converted by [vae-convert](https://pypi.org/project/vae-convert/) from
-`{source['origin']}` for the **{target}** target ({fmt}, {manifest['dtype']}).
+`{source["origin"]}` for the **{target}** target ({fmt}, {manifest["dtype"]}).
 
 ## Provenance
 
 | | |
 |---|---|
-| source | `{source['origin']}` |
+| source | `{source["origin"]}` |
 | source revision | `{revision}` |
-| tool | vae-convert {manifest['version']} |
-| dtype | {manifest['dtype']} |
-| mapping | `{manifest['mapping']['file']}` (sha256 `{manifest['mapping']['sha256'][:16]}…`) |
+| tool | vae-convert {manifest["version"]} |
+| dtype | {manifest["dtype"]} |
+| mapping | `{manifest["mapping"]["file"]}` (sha256 `{manifest["mapping"]["sha256"][:16]}…`) |
 
 ## Validation
 
@@ -96,16 +105,20 @@ path = snapshot_download("{repo_id}")
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n{body}"))
 
 
-def publish(out_dir: Path, repo_id: str, private: bool, revision: str | None, create_pr: bool,
-            commit_message: str | None) -> str:
+def publish(
+    out_dir: Path, repo_id: str, private: bool, revision: str | None, create_pr: bool, commit_message: str | None
+) -> str:
     """Uploads a converted output folder with a generated model card; returns the commit (or PR) URL."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     manifest = read_manifest(out_dir)
     api = HfApi()
     message = commit_message or f"Upload {manifest['model']} VAE for {manifest['target']} (vae-convert {__version__})"
-    operations = [CommitOperationAdd(path_in_repo=str(p.relative_to(out_dir)), path_or_fileobj=str(p))
-                  for p in sorted(out_dir.rglob("*")) if p.is_file()]
+    operations = [
+        CommitOperationAdd(path_in_repo=str(p.relative_to(out_dir)), path_or_fileobj=str(p))
+        for p in sorted(out_dir.rglob("*"))
+        if p.is_file()
+    ]
     operations.append(CommitOperationAdd("README.md", model_card(manifest, repo_id).encode()))
 
     def upload():

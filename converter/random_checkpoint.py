@@ -1,6 +1,7 @@
 """`vae-convert random-checkpoint`: writes a diffusers-format checkpoint with random weights, for offline demos and
 tests. It uses the project's PyTorch model (diffusers' names and layouts), so no Hub access and no diffusers install;
 the folder appears whole or not at all."""
+
 from __future__ import annotations
 
 import json

@@ -2,6 +2,7 @@
 
 Each family's spec lives beside its implementations (models/<family>/spec.py); adding a family is one line here.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,8 @@ class ModelEntry:
 
 MODELS: dict[str, ModelEntry] = {
     m.name: ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
-    for family in FAMILIES.values() for m in family.models
+    for family in FAMILIES.values()
+    for m in family.models
 }
 
 

@@ -4,6 +4,7 @@ streaming (header from known shapes first, then each tensor as it is produced).
 The format: 8-byte little-endian header length N, N bytes of JSON {name: {dtype, shape, data_offsets}}, then data.
 The reader checks the header fully before any tensor is touched, so a truncated or corrupt file is one clear error.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,16 @@ import numpy as np
 from converter.errors import InputError
 
 DTYPES = {
-    "F64": np.dtype(np.float64), "F32": np.dtype(np.float32), "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16), "I64": np.dtype(np.int64), "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16), "I8": np.dtype(np.int8), "U8": np.dtype(np.uint8), "BOOL": np.dtype(np.bool_),
+    "F64": np.dtype(np.float64),
+    "F32": np.dtype(np.float32),
+    "F16": np.dtype(np.float16),
+    "BF16": np.dtype(ml_dtypes.bfloat16),
+    "I64": np.dtype(np.int64),
+    "I32": np.dtype(np.int32),
+    "I16": np.dtype(np.int16),
+    "I8": np.dtype(np.int8),
+    "U8": np.dtype(np.uint8),
+    "BOOL": np.dtype(np.bool_),
 }
 CODES = {dtype: code for code, dtype in DTYPES.items()}
 MAX_HEADER = 100 * 1024 * 1024
@@ -42,8 +50,10 @@ class SafetensorsFile:
                     raise InputError(f"{self.path}: not a safetensors file ({size} bytes, too short for a header)")
                 (header_len,) = struct.unpack("<Q", f.read(8))
                 if header_len > min(size - 8, MAX_HEADER):
-                    raise InputError(f"{self.path}: not a safetensors file, or truncated "
-                                     f"(header claims {header_len} bytes, file has {size})")
+                    raise InputError(
+                        f"{self.path}: not a safetensors file, or truncated "
+                        f"(header claims {header_len} bytes, file has {size})"
+                    )
                 header_bytes = f.read(header_len)
                 self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + header_len else None
         except OSError as e:
@@ -81,12 +91,17 @@ class SafetensorsFile:
             raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
         if end > data_size:
             raise InputError(f"{self.path}: truncated (tensor {name!r} ends at byte {end} of {data_size})")
-        if not isinstance(entry["shape"], list) or not isinstance(entry["data_offsets"], list) or \
-                len(entry["data_offsets"]) != 2:
+        if (
+            not isinstance(entry["shape"], list)
+            or not isinstance(entry["data_offsets"], list)
+            or len(entry["data_offsets"]) != 2
+        ):
             raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
         if (end - begin) != nbytes(shape, dtype):
-            raise InputError(f"{self.path}: corrupt header: tensor {name!r} has {end - begin} bytes for "
-                             f"shape {list(shape)} {entry['dtype']}")
+            raise InputError(
+                f"{self.path}: corrupt header: tensor {name!r} has {end - begin} bytes for "
+                f"shape {list(shape)} {entry['dtype']}"
+            )
         self.specs[name] = (shape, dtype)
         self._offsets[name] = (begin, end)
 
@@ -98,9 +113,9 @@ class SafetensorsFile:
         begin, end = self._offsets[name]
         if begin == end:
             return np.zeros(shape, dtype)
-        return np.frombuffer(self._map, dtype=dtype, count=(end - begin) // dtype.itemsize,
-                             offset=self._data_start + begin).reshape(shape)
-
+        return np.frombuffer(
+            self._map, dtype=dtype, count=(end - begin) // dtype.itemsize, offset=self._data_start + begin
+        ).reshape(shape)
 
     def release(self, name: str):
         """Drops the tensor's pages from this process's memory (they stay in the page cache), so that streaming
@@ -119,7 +134,11 @@ class SafetensorsWriter:
         header, offset = {"__metadata__": metadata}, 0
         for name, (shape, dtype) in specs.items():
             size = nbytes(shape, dtype)
-            header[name] = {"dtype": CODES[np.dtype(dtype)], "shape": list(shape), "data_offsets": [offset, offset + size]}
+            header[name] = {
+                "dtype": CODES[np.dtype(dtype)],
+                "shape": list(shape),
+                "data_offsets": [offset, offset + size],
+            }
             offset += size
         encoded = json.dumps(header, separators=(",", ":")).encode()
         encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned, as the reference writer does
@@ -130,7 +149,9 @@ class SafetensorsWriter:
     def write(self, name: str, array: np.ndarray):
         expected_name, (shape, dtype) = self._pending.pop(0)
         assert name == expected_name and array.shape == tuple(shape) and array.dtype == dtype, (name, expected_name)
-        self._file.write(np.ascontiguousarray(array).reshape(-1).view(np.uint8).data)  # bytes view: bf16 has no buffer code
+        self._file.write(
+            np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
+        )  # bytes view: bf16 has no buffer code
 
     def close(self):
         assert not self._pending, f"{len(self._pending)} declared tensors were never written"

@@ -1,5 +1,6 @@
 """Where the source checkpoint comes from: a local diffusers folder (repo root or its `vae/`), a single
 .safetensors file, a sharded checkpoint with its index, or a Hub repo fetched through the standard HF cache."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,8 +8,8 @@ import functools
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class SourceWeights:
     _release: dict[str, Callable[[], None]]
 
     @classmethod
-    def open(cls, paths: list[Path]) -> "SourceWeights":
+    def open(cls, paths: list[Path]) -> SourceWeights:
         specs, read, origin, release = {}, {}, {}, {}
         for path in paths:
             tensors = _pickle_tensors(path) if path.suffix in PICKLE_SUFFIXES else _safetensors_tensors(path)
@@ -61,8 +62,10 @@ class SourceWeights:
 
 def _safetensors_tensors(path: Path) -> dict:
     f = SafetensorsFile(path)
-    return {key: (f.specs[key], functools.partial(f.__getitem__, key), functools.partial(f.release, key))
-            for key in f.keys()}
+    return {
+        key: (f.specs[key], functools.partial(f.__getitem__, key), functools.partial(f.release, key))
+        for key in f.keys()
+    }
 
 
 def _pickle_tensors(path: Path) -> dict:
@@ -75,16 +78,20 @@ def _pickle_tensors(path: Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip(path))
     except pickle.UnpicklingError as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"{path}: refused: this pickle needs code to load, and only plain tensors are loaded "
-                         f"(weights_only=True); nothing of it was executed ({first[:160]})") from None
+        raise InputError(
+            f"{path}: refused: this pickle needs code to load, and only plain tensors are loaded "
+            f"(weights_only=True); nothing of it was executed ({first[:160]})"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise InputError(f"{path}: not a readable PyTorch checkpoint ({str(e).splitlines()[0][:160]})") from None
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise InputError(f"{path}: not a state_dict (expected a mapping of names to tensors)")
-    return {key: ((tuple(t.shape), _numpy_dtype(t)), functools.partial(_tensor_to_numpy, t), lambda: None)
-            for key, t in state.items()}
+    return {
+        key: ((tuple(t.shape), _numpy_dtype(t)), functools.partial(_tensor_to_numpy, t), lambda: None)
+        for key, t in state.items()
+    }
 
 
 def _is_zip(path: Path) -> bool:
@@ -166,8 +173,11 @@ def hub_location(entry: ModelEntry, source: str | None, revision: str | None) ->
 def _looks_local(source: str) -> bool:
     """A path, not a repo id: it starts like one, names a checkpoint file, or its first folder exists here."""
     first = source.split("/", 1)[0]
-    return (source.startswith((".", "/", "~")) or source.endswith((".safetensors", ".json", *PICKLE_SUFFIXES))
-            or ("/" in source and Path(first).expanduser().is_dir()))
+    return (
+        source.startswith((".", "/", "~"))
+        or source.endswith((".safetensors", ".json", *PICKLE_SUFFIXES))
+        or ("/" in source and Path(first).expanduser().is_dir())
+    )
 
 
 def resolve(entry: ModelEntry, source: str | None, revision: str | None, offline: bool) -> Source:
@@ -195,8 +205,10 @@ def _from_path(path: Path) -> Source:
         if path.name.endswith(".index.json"):
             return Source(_shards(path), _config_beside(path), str(path))
         if path.suffix != ".safetensors" and path.suffix not in PICKLE_SUFFIXES:
-            raise InputError(f"{path}: not a checkpoint this tool reads (expected .safetensors, .pth/.pt/.bin, a "
-                             f"sharded index or a diffusers folder)")
+            raise InputError(
+                f"{path}: not a checkpoint this tool reads (expected .safetensors, .pth/.pt/.bin, a "
+                f"sharded index or a diffusers folder)"
+            )
         return Source([path], _config_beside(path), str(path))
     folder = path / "vae" if not (path / "config.json").exists() and (path / "vae").is_dir() else path
     if (folder / INDEX_NAME).exists():
@@ -247,9 +259,16 @@ def _offline_env() -> bool:
 def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Source:
     import huggingface_hub
 
-    root = Path(hub_call(lambda: huggingface_hub.snapshot_download(
-        repo_id, revision=revision, allow_patterns=vae_patterns(subfolder), local_files_only=offline or None),
-        repo_id, revision, offline or _offline_env()))
+    root = Path(
+        hub_call(
+            lambda: huggingface_hub.snapshot_download(
+                repo_id, revision=revision, allow_patterns=vae_patterns(subfolder), local_files_only=offline or None
+            ),
+            repo_id,
+            revision,
+            offline or _offline_env(),
+        )
+    )
     folder = root / subfolder
     if not folder.is_dir():
         raise InputError(f"{repo_id}@{revision} has no {subfolder}/ folder with VAE weights")
@@ -270,12 +289,24 @@ def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) ->
 
     patterns = vae_patterns(subfolder)
     if offline or _offline_env():
-        folder = Path(hub_call(lambda: huggingface_hub.snapshot_download(
-            repo_id, revision=revision, allow_patterns=patterns, local_files_only=True), repo_id, revision, True))
-        return [{"path": str(p.relative_to(folder)), "size": p.stat().st_size, "cached": True}
-                for p in sorted((folder / subfolder).glob("*")) if p.is_file()]
-    info = hub_call(lambda: huggingface_hub.HfApi().model_info(repo_id, revision=revision, files_metadata=True),
-                    repo_id, revision)
+        folder = Path(
+            hub_call(
+                lambda: huggingface_hub.snapshot_download(
+                    repo_id, revision=revision, allow_patterns=patterns, local_files_only=True
+                ),
+                repo_id,
+                revision,
+                True,
+            )
+        )
+        return [
+            {"path": str(p.relative_to(folder)), "size": p.stat().st_size, "cached": True}
+            for p in sorted((folder / subfolder).glob("*"))
+            if p.is_file()
+        ]
+    info = hub_call(
+        lambda: huggingface_hub.HfApi().model_info(repo_id, revision=revision, files_metadata=True), repo_id, revision
+    )
     files = []
     for sibling in info.siblings or []:
         if any(fnmatch.fnmatch(sibling.rfilename, p) for p in patterns):
@@ -309,8 +340,9 @@ def hub_call(call, repo_id: str, revision: str, offline: bool = False, error=Inp
     try:
         return call()
     except errors.GatedRepoError:
-        raise error(f"{repo_id} is gated: accept its terms on the Hub and log in (HF_TOKEN or `hf auth login`)") \
-            from None
+        raise error(
+            f"{repo_id} is gated: accept its terms on the Hub and log in (HF_TOKEN or `hf auth login`)"
+        ) from None
     except errors.RepositoryNotFoundError:
         raise error(f"Hub repo {repo_id} not found (or private without a token)") from None
     except errors.RevisionNotFoundError:
@@ -321,10 +353,10 @@ def hub_call(call, repo_id: str, revision: str, offline: bool = False, error=Inp
         raise error(f"{repo_id}@{revision}: the Hub is needed but offline mode is on (HF_HUB_OFFLINE)") from None
     except errors.LocalEntryNotFoundError as e:
         if offline or _offline_env():
-            raise error(f"{repo_id}@{revision} is not in the local Hugging Face cache and offline mode is on") \
-                from None
-        raise error(f"cannot fetch {repo_id}@{revision} from the Hub, and it is not cached "
-                    f"({str(e).splitlines()[0]})") from None
+            raise error(f"{repo_id}@{revision} is not in the local Hugging Face cache and offline mode is on") from None
+        raise error(
+            f"cannot fetch {repo_id}@{revision} from the Hub, and it is not cached ({str(e).splitlines()[0]})"
+        ) from None
     except (OSError, httpx2.HTTPError, errors.HfHubHTTPError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise error(f"the Hub failed for {repo_id}@{revision}: {reason}") from None

@@ -8,6 +8,7 @@ their weights are written and read back, how a written output becomes a ready mo
 
 Everything target-specific is here: no other module asks which target it has.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,9 @@ class Target:
         if fmt is None:
             return self.formats[0]
         if fmt not in self.formats:
-            raise InputError(f"--format {fmt} is not available for --to {self.name} (choose from "
-                             f"{', '.join(self.formats)})")
+            raise InputError(
+                f"--format {fmt} is not available for --to {self.name} (choose from {', '.join(self.formats)})"
+            )
         return fmt
 
     def leaf_shapes(self, family: FamilySpec, config) -> dict[str, tuple[int, ...]]:
@@ -54,8 +56,9 @@ class Target:
         path = out_dir / self.weight_files[fmt]
         if fmt == "orbax":
             return OrbaxWriter(path, metadata, sum(nbytes(shape, dtype) for shape, dtype in specs.values()))
-        return SafetensorsWriter(path, specs, {k: v if isinstance(v, str) else json.dumps(v)
-                                               for k, v in metadata.items()})
+        return SafetensorsWriter(
+            path, specs, {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
+        )
 
     def read_weights(self, out_dir: Path, fmt: str, family, config, dtype, sharding=None) -> dict:
         """The weights of a written output, {leaf key: array}."""
@@ -104,8 +107,9 @@ class FlaxTarget(Target):
         _, abstract = self.abstract(family, config, dtype)
         # The sharding goes into each abstract leaf (Orbax places each array with it); by default the first device.
         sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        template = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding),
-                                nnx.to_pure_dict(abstract))
+        template = jax.tree.map(
+            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), nnx.to_pure_dict(abstract)
+        )
         try:
             saved = ocp.metadata(path, checkpointable_name=ORBAX_ITEM).metadata
         except Exception as e:  # Orbax raises its own error types for a damaged or foreign layout
@@ -116,8 +120,10 @@ class FlaxTarget(Target):
             if p in saved_dtypes and np.dtype(saved_dtypes[p]) != np.dtype(leaf.dtype):
                 raise InputError(f"{path}: leaf {jax.tree_util.keystr(p)} is {saved_dtypes[p]}, expected {leaf.dtype}")
         restored = ocp.load(path, template, checkpointable_name=ORBAX_ITEM)
-        return {tuple(getattr(k, "key", getattr(k, "idx", None)) for k in p): leaf
-                for p, leaf in jax.tree_util.tree_leaves_with_path(restored)}
+        return {
+            tuple(getattr(k, "key", getattr(k, "idx", None)) for k in p): leaf
+            for p, leaf in jax.tree_util.tree_leaves_with_path(restored)
+        }
 
     def build(self, family, config, dtype, weights, path, sharding=None):
         import jax
@@ -127,12 +133,16 @@ class FlaxTarget(Target):
         flat = nnx.to_flat_state(abstract)
         expected = {p for p, _ in flat}
         if set(weights) != expected:
-            missing, extra = sorted(map(str, expected - set(weights)))[:3], sorted(map(str, set(weights) - expected))[:3]
+            missing, extra = (
+                sorted(map(str, expected - set(weights)))[:3],
+                sorted(map(str, set(weights) - expected))[:3],
+            )
             raise InputError(f"{path}: weights do not match the model (missing {missing}, unexpected {extra})")
         for p, variable in flat:
             if tuple(weights[p].shape) != tuple(variable.get_value().shape):
-                raise InputError(f"{path}: {p} has shape {weights[p].shape}, the model needs "
-                                 f"{variable.get_value().shape}")
+                raise InputError(
+                    f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}"
+                )
             variable.set_value(jax.device_put(weights[p], sharding))
         return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
@@ -145,9 +155,11 @@ class TorchaxTarget(Target):
     formats = ("safetensors",)
     weight_files = {"safetensors": "diffusion_pytorch_model.safetensors"}
     library_name = "diffusers"
-    usage = ("vae = converter.load(path)                     # PyTorch model with diffusers' names\n"
-             "from converter.torchax_runtime import compile_model\n"
-             "vae = compile_model(vae)                       # on JAX through torchax, steps jitted")
+    usage = (
+        "vae = converter.load(path)                     # PyTorch model with diffusers' names\n"
+        "from converter.torchax_runtime import compile_model\n"
+        "vae = compile_model(vae)                       # on JAX through torchax, steps jitted"
+    )
 
     def leaf_shapes(self, family, config):
         return {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
@@ -199,8 +211,12 @@ def load_output(path: str | Path, mesh=None):
     manifest = read_manifest(path)
     family = FAMILIES.get(manifest.get("family"))
     target = TARGETS.get(manifest.get("target"))
-    if family is None or target is None or manifest.get("dtype") not in DTYPES or \
-            manifest.get("format") not in target.formats:
+    if (
+        family is None
+        or target is None
+        or manifest.get("dtype") not in DTYPES
+        or manifest.get("format") not in target.formats
+    ):
         raise InputError(f"{path}: the manifest names an unknown family, target, format or dtype")
     try:
         config = config_from_dict(family, json.loads((path / "config.json").read_text()))

@@ -9,6 +9,7 @@ still has them). torchax only uses them as dictionary keys for dtype policies an
 The runtime also lowers GroupNorm (`aten.native_group_norm`) as one JAX function: both moments in one pass, taken
 around each group's first value so that E[d^2] - E[d]^2 does not cancel when the mean is large next to the spread.
 """
+
 from __future__ import annotations
 
 import functools
@@ -18,12 +19,27 @@ import torch
 from torch import nn
 
 REMOVED_NAMED_OVERLOADS = (
-    "all.dimname", "all.dimname_out", "index_add.dimname", "index_copy.dimname", "index_copy_.dimname",
-    "index_fill.Dimname_Scalar", "index_fill.Dimname_Tensor", "index_fill_.Dimname_Scalar",
-    "index_fill_.Dimname_Tensor", "norm.names_ScalarOpt_dim", "norm.names_ScalarOpt_dim_dtype",
-    "norm.names_dtype_out", "norm.names_out", "prod.dim_Dimname", "std.correction_names",
-    "std.correction_names_out", "std.names_dim", "std.names_out", "std_mean.correction_names",
-    "std_mean.names_dim", "unbind.Dimname",
+    "all.dimname",
+    "all.dimname_out",
+    "index_add.dimname",
+    "index_copy.dimname",
+    "index_copy_.dimname",
+    "index_fill.Dimname_Scalar",
+    "index_fill.Dimname_Tensor",
+    "index_fill_.Dimname_Scalar",
+    "index_fill_.Dimname_Tensor",
+    "norm.names_ScalarOpt_dim",
+    "norm.names_ScalarOpt_dim_dtype",
+    "norm.names_dtype_out",
+    "norm.names_out",
+    "prod.dim_Dimname",
+    "std.correction_names",
+    "std.correction_names_out",
+    "std.names_dim",
+    "std.names_out",
+    "std_mean.correction_names",
+    "std_mean.names_dim",
+    "unbind.Dimname",
 )
 _placeholders = torch.library.Library("aten", "FRAGMENT")
 
@@ -65,8 +81,11 @@ def _jax_group_norm(x, weight, bias, n, channels, hw, groups, eps):
         out = out * weight.astype(jnp.float32).reshape(shape)
     if bias is not None:
         out = out + bias.astype(jnp.float32).reshape(shape)
-    return out.astype(x.dtype), (first + shifted_mean).reshape(n, groups).astype(x.dtype), \
-        rstd.reshape(n, groups).astype(x.dtype)
+    return (
+        out.astype(x.dtype),
+        (first + shifted_mean).reshape(n, groups).astype(x.dtype),
+        rstd.reshape(n, groups).astype(x.dtype),
+    )
 
 
 def _native_group_norm(x, weight, bias, n, channels, hw, groups, eps):

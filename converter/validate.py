@@ -4,6 +4,7 @@ The reference is the project's PyTorch implementation run in plain PyTorch on th
 compute in float32 on weights rounded to the output dtype, so the check isolates the conversion (names, layouts,
 the target implementation) from rounding, and the tolerance stays tight for bfloat16 outputs too.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -31,12 +32,20 @@ class Comparison:
         shape = "x".join(map(str, self.shape))
         if self.shape != self.expected_shape:
             return f"  {mark} {self.name:<14} shape {shape}, expected {'x'.join(map(str, self.expected_shape))}"
-        return (f"  {mark} {self.name:<14} {shape:<18} max |Δ| {self.max_abs:.2e}  mean |Δ| {self.mean_abs:.2e}"
-                f"  tol {self.tol:.1e}")
+        return (
+            f"  {mark} {self.name:<14} {shape:<18} max |Δ| {self.max_abs:.2e}  mean |Δ| {self.mean_abs:.2e}"
+            f"  tol {self.tol:.1e}"
+        )
 
     def as_dict(self) -> dict:
-        return {"output": self.name, "shape": list(self.shape), "max_abs": self.max_abs, "mean_abs": self.mean_abs,
-                "tol": self.tol, "ok": self.ok}
+        return {
+            "output": self.name,
+            "shape": list(self.shape),
+            "max_abs": self.max_abs,
+            "mean_abs": self.mean_abs,
+            "tol": self.tol,
+            "ok": self.ok,
+        }
 
 
 def compare(name: str, got: np.ndarray, expected: np.ndarray) -> Comparison:
@@ -59,13 +68,18 @@ def reference_outputs(family, config, source_weights, dtype, latent, video) -> d
     import torch
 
     model = family.torch_model()(config).eval()
-    state = {k: torch.from_numpy(np.asarray(source_weights[k]).astype(dtype).astype(np.float32))
-             for k in source_weights.specs}
+    state = {
+        k: torch.from_numpy(np.asarray(source_weights[k]).astype(dtype).astype(np.float32))
+        for k in source_weights.specs
+    }
     model.load_state_dict(state, strict=True)
     with torch.no_grad():
         posterior = model.encode(torch.from_numpy(video)).latent_dist
-        return {"decode": model.decode(torch.from_numpy(latent)).sample.numpy(),
-                "encode.mean": posterior.mean.numpy(), "encode.logvar": posterior.logvar.numpy()}
+        return {
+            "decode": model.decode(torch.from_numpy(latent)).sample.numpy(),
+            "encode.mean": posterior.mean.numpy(),
+            "encode.logvar": posterior.logvar.numpy(),
+        }
 
 
 def run(family, config, runner, source_weights, dtype) -> list[Comparison]:

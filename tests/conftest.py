@@ -1,4 +1,5 @@
 """Shared fixtures (helpers live in tests/helpers.py)."""
+
 from __future__ import annotations
 
 import pytest

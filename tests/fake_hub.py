@@ -1,6 +1,7 @@
 """A Hugging Face Hub stand-in on loopback (HF_ENDPOINT points at it), answering the calls huggingface_hub makes:
 repo info and file downloads for sources; whoami, repo creation, branches, preupload and commits for publishing.
 It records every request, so tests assert what was fetched and what was committed."""
+
 from __future__ import annotations
 
 import base64
@@ -67,21 +68,37 @@ class FakeHub:
                     return self._json({"errors": [], "warnings": []})
                 if m := re.fullmatch(r"/api/models/(.+?)/preupload/(.+)", path):
                     files = json.loads(body)["files"]
-                    return self._json({"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
-                                                 for f in files]})
+                    return self._json(
+                        {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False} for f in files]}
+                    )
                 if m := re.fullmatch(r"/api/models/(.+?)/branch/(.+)", path):
                     return self._json({})
                 if m := re.fullmatch(r"/api/models/(.+?)/commit/(.+)", path):
                     lines = [json.loads(line) for line in body.decode().splitlines() if line.strip()]
-                    files = {line["value"]["path"]: base64.b64decode(line["value"]["content"])
-                             for line in lines if line["key"] == "file"}
+                    files = {
+                        line["value"]["path"]: base64.b64decode(line["value"]["content"])
+                        for line in lines
+                        if line["key"] == "file"
+                    }
                     header = next(line["value"] for line in lines if line["key"] == "header")
                     pr = parse_qs(urlparse(self.path).query).get("create_pr") == ["1"]
-                    hub.commits.append({"repo": m.group(1), "revision": unquote(m.group(2)), "files": files,
-                                        "summary": header["summary"], "create_pr": pr,
-                                        "authorization": self.headers.get("Authorization")})
-                    return self._json({"commitUrl": f"{hub.url}/{m.group(1)}/commit/abc", "commitOid": "a" * 40,
-                                       "pullRequestUrl": f"{hub.url}/{m.group(1)}/discussions/1" if pr else None})
+                    hub.commits.append(
+                        {
+                            "repo": m.group(1),
+                            "revision": unquote(m.group(2)),
+                            "files": files,
+                            "summary": header["summary"],
+                            "create_pr": pr,
+                            "authorization": self.headers.get("Authorization"),
+                        }
+                    )
+                    return self._json(
+                        {
+                            "commitUrl": f"{hub.url}/{m.group(1)}/commit/abc",
+                            "commitOid": "a" * 40,
+                            "pullRequestUrl": f"{hub.url}/{m.group(1)}/discussions/1" if pr else None,
+                        }
+                    )
                 self._error(404, "EntryNotFound")
 
             def _token_user(self):
@@ -95,23 +112,38 @@ class FakeHub:
                     user = self._token_user()
                     if user is None:
                         return self._error(401, None)
-                    return self._json({"name": user[0], "orgs": [{"name": o} for o in ORGS],
-                                       "auth": {"accessToken": {"role": user[1]}}})
+                    return self._json(
+                        {
+                            "name": user[0],
+                            "orgs": [{"name": o} for o in ORGS],
+                            "auth": {"accessToken": {"role": user[1]}},
+                        }
+                    )
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/revision/(.+)", path):
                     repo = self._repo(m.group(1))
                     if repo is None:
                         return
                     if m.group(2) not in (*repo.branches, repo.sha):
                         return self._error(404, "RevisionNotFound")
-                    return self._json({"id": m.group(1), "sha": repo.sha, "siblings": [
-                        {"rfilename": name, "size": len(data)} for name, data in sorted(repo.files.items())]})
+                    return self._json(
+                        {
+                            "id": m.group(1),
+                            "sha": repo.sha,
+                            "siblings": [
+                                {"rfilename": name, "size": len(data)} for name, data in sorted(repo.files.items())
+                            ],
+                        }
+                    )
                 if m := re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)(/.*)?", path):
                     repo = self._repo(m.group(1))
                     if repo is None:
                         return
-                    return self._json([{"type": "file", "path": name, "size": len(data),
-                                        "oid": hashlib.sha1(data).hexdigest()}
-                                       for name, data in sorted(repo.files.items())])
+                    return self._json(
+                        [
+                            {"type": "file", "path": name, "size": len(data), "oid": hashlib.sha1(data).hexdigest()}
+                            for name, data in sorted(repo.files.items())
+                        ]
+                    )
                 if m := re.fullmatch(r"/([^/]+/[^/]+)/resolve/([^/]+)/(.+)", path):
                     repo = self._repo(m.group(1))
                     if repo is None:

@@ -1,5 +1,6 @@
 """Helpers shared by the tests: the real CLI in a fresh process, checkpoints built and saved by diffusers (the
 independent oracle), and the assertions every failure test makes."""
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,13 @@ REPO = Path(__file__).resolve().parent.parent
 def run_cli(*args, check=True, cwd=REPO, **kwargs) -> subprocess.CompletedProcess:
     """Runs `vae-convert` as a user would, in a fresh process."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run([sys.executable, "-m", "converter", *map(str, args)], capture_output=True, text=True,
-                            cwd=cwd, env=env, **kwargs)
+    result = subprocess.run(
+        [sys.executable, "-m", "converter", *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env, **kwargs
+    )
     if check and result.returncode != 0:
-        raise AssertionError(f"vae-convert {' '.join(map(str, args))} exited {result.returncode}:\n"
-                             f"{result.stdout}\n{result.stderr}")
+        raise AssertionError(
+            f"vae-convert {' '.join(map(str, args))} exited {result.returncode}:\n{result.stdout}\n{result.stderr}"
+        )
     return result
 
 

@@ -1,4 +1,5 @@
 """The benchmark's smoke mode runs end to end and reports every measurement (the full run is bench/run.py)."""
+
 import json
 import subprocess
 import sys
@@ -7,8 +8,13 @@ from tests.helpers import REPO
 
 
 def test_benchmark_smoke_mode(tmp_path):
-    subprocess.run([sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)], cwd=REPO, check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     results = json.loads((tmp_path / "smoke.json").read_text())
     wan = results["models"]["wan2.1"]
     assert set(wan["convert"]) == {"flax", "torchax", "naive"}

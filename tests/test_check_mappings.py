@@ -1,5 +1,6 @@
 """`vae-convert check-mappings` on the real mapping (clean) and on broken copies of it, one per error class: each
 must exit non-zero and name the offending key or rule with file:line."""
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,9 @@ def test_key_matched_by_no_rule(tmp_path):
 
 
 def test_key_matched_by_two_rules(tmp_path):
-    extra = "    - name: duplicate-gamma\n      match: 'decoder\\.norm_out\\.gamma'\n      to: 'decoder.norm_out.gamma'\n"
+    extra = (
+        "    - name: duplicate-gamma\n      match: 'decoder\\.norm_out\\.gamma'\n      to: 'decoder.norm_out.gamma'\n"
+    )
     broken = REAL.replace("  torchax:\n", extra + "\n  torchax:\n")
     path, result = _check(tmp_path, broken, "--target", "flax")
     assert result.exit_code == MappingError.exit_code
@@ -66,8 +69,10 @@ def test_leaf_unfilled_and_unknown_target(tmp_path):
 
 
 def test_leaf_filled_twice(tmp_path):
-    broken = REAL.replace("      match: '(.+\\.resample)\\.1\\.bias'\n      to: '{1}.bias'",
-                          "      match: '(.+\\.resample)\\.1\\.bias'\n      to: 'decoder.conv_out.bias'")
+    broken = REAL.replace(
+        "      match: '(.+\\.resample)\\.1\\.bias'\n      to: '{1}.bias'",
+        "      match: '(.+\\.resample)\\.1\\.bias'\n      to: 'decoder.conv_out.bias'",
+    )
     assert broken != REAL
     _, result = _check(tmp_path, broken, "--target", "flax")
     assert result.exit_code == MappingError.exit_code
@@ -80,9 +85,11 @@ def test_shape_mismatch_names_key_expected_and_got(tmp_path):
     path, result = _check(tmp_path, broken, "--target", "flax")
     assert result.exit_code == MappingError.exit_code
     line = _line_of(broken, "name: causal-conv3d-kernel")
-    assert re.search(rf"shape mismatch for 'decoder\.conv_in\.weight' -> 'decoder\.conv_in\.kernel': expected "
-                     rf"\[3, 3, 3, 16, 384\], got \[384, 16, 3, 3, 3\].*\({re.escape(str(path))}:{line}\)",
-                     result.output)
+    assert re.search(
+        rf"shape mismatch for 'decoder\.conv_in\.weight' -> 'decoder\.conv_in\.kernel': expected "
+        rf"\[3, 3, 3, 16, 384\], got \[384, 16, 3, 3, 3\].*\({re.escape(str(path))}:{line}\)",
+        result.output,
+    )
 
 
 def test_dead_rule(tmp_path):
@@ -93,15 +100,19 @@ def test_dead_rule(tmp_path):
     report = json.loads(result.output)
     assert not report["ok"]
     flax = report["mappings"][0]["targets"][0]
-    assert flax["problems"] == [f"rule 'never-used' ({path}:{_line_of(broken, 'never-used')}) matches nothing for "
-                                f"any registered config"]
+    assert flax["problems"] == [
+        f"rule 'never-used' ({path}:{_line_of(broken, 'never-used')}) matches nothing for any registered config"
+    ]
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda t: t.replace("      to: '{1}.kernel'\n", "      to: '{1}.kernel\n", 1), "YAML syntax error"),
-    (lambda t: t.replace("transpose: [2, 3, 1, 0]", "tranpose: [2, 3, 1, 0]"), "unknown rule field(s): tranpose"),
-    (lambda t: t.replace("reshape: [-1]", "reshape: minus-one"), "reshape takes a list of integers"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.replace("      to: '{1}.kernel'\n", "      to: '{1}.kernel\n", 1), "YAML syntax error"),
+        (lambda t: t.replace("transpose: [2, 3, 1, 0]", "tranpose: [2, 3, 1, 0]"), "unknown rule field(s): tranpose"),
+        (lambda t: t.replace("reshape: [-1]", "reshape: minus-one"), "reshape takes a list of integers"),
+    ],
+)
 def test_malformed_file_names_file_and_line(tmp_path, edit, message):
     broken = edit(REAL)
     assert broken != REAL

@@ -1,5 +1,6 @@
 """Compilation: one compile per chunk shape, and the persistent cache (off by default; with VAE_CONVERT_COMPILE_CACHE
 set, the first process fills it and a second process compiles nothing new)."""
+
 import os
 import subprocess
 import sys
@@ -52,7 +53,9 @@ def test_one_compile_per_chunk_shape(tmp_path, family):
     # first batch with the remainder, then batches of 2)
     frames = max(family.parity_frames[0])
     save_diffusers(family, tmp_path / "vae", config)
-    run_cli(family.models[0].name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+    run_cli(
+        family.models[0].name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate"
+    )
     vae = converter.load(tmp_path / "out")
     channels = family.validation_latent_shape(vae.config)[1]
     latent = np.zeros((1, frames, 3, 5, channels), np.float32)  # a size no other test compiles

@@ -1,5 +1,6 @@
 """Each family at its real size (diffusers' default config, random weights saved by diffusers): both targets convert
 with every key accounted for and the validation decode/encode passes; the torchax output reads back in diffusers."""
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,21 @@ def test_torchax_output_reads_in_diffusers(full_size, tmp_path):
     import diffusers
 
     model_name, source, model = full_size
-    run_cli(model_name, "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--no-validate",
-            "--dtype", "bfloat16")
-    reloaded = getattr(diffusers, MODELS[model_name].class_name).from_pretrained(tmp_path / "out", torch_dtype=torch.bfloat16)
+    run_cli(
+        model_name,
+        "--source",
+        source,
+        "--to",
+        "torchax",
+        "--out",
+        tmp_path / "out",
+        "--no-validate",
+        "--dtype",
+        "bfloat16",
+    )
+    reloaded = getattr(diffusers, MODELS[model_name].class_name).from_pretrained(
+        tmp_path / "out", torch_dtype=torch.bfloat16
+    )
     reloaded_state = reloaded.state_dict()
     for key, tensor in model.state_dict().items():
         assert torch.equal(reloaded_state[key], tensor.to(torch.bfloat16)), key

@@ -1,6 +1,7 @@
 """The torchax runtime's GroupNorm lowering (one JAX function, statistics in float32 in one pass), on CogVideoX's
 GroupNorm jitted under torchax. In float32 it matches PyTorch's GroupNorm; with bfloat16 inputs and weights it stays
 within 1e-2 relative of the float32 result."""
+
 import numpy as np
 import pytest
 import torch

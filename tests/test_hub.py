@@ -1,5 +1,6 @@
 """Hub sources and publishing with real huggingface_hub code against a loopback Hub (HF_ENDPOINT), plus sharded
 checkpoints and the model card."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,8 @@ from safetensors.torch import load_file, save_file
 from converter.errors import InputError, OutputError
 from converter.publish import model_card
 from converter.safetensors_io import SafetensorsFile
-from tests.helpers import fails, manifest, run_cli
 from tests.fake_hub import FakeHub, Repo
+from tests.helpers import fails, manifest, run_cli
 
 WAN_REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"  # the registry's repo for `wan2.1`
 
@@ -24,9 +25,10 @@ def hub(tmp_path, monkeypatch, wan_small):
     source, _ = wan_small
     vae = {f"vae/{p.name}": p.read_bytes() for p in source.iterdir()}
     # the rest of a pipeline repo, which must never be fetched
-    server.repos[WAN_REPO] = Repo({**vae, "model_index.json": b"{}",
-                                   "transformer/diffusion_pytorch_model.safetensors": b"\0" * 4096},
-                                  branches=("main", "v1"))
+    server.repos[WAN_REPO] = Repo(
+        {**vae, "model_index.json": b"{}", "transformer/diffusion_pytorch_model.safetensors": b"\0" * 4096},
+        branches=("main", "v1"),
+    )
     monkeypatch.setenv("HF_ENDPOINT", server.url)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored login from the machine
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
@@ -49,15 +51,21 @@ def test_registry_model_fetches_only_the_vae_then_works_offline(hub, tmp_path):
 def test_repo_id_source_with_revision(hub, tmp_path):
     run_cli("wan2.1", "--source", f"{WAN_REPO}@v1", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     assert ("GET", f"/api/models/{WAN_REPO}/revision/v1") in hub.requests
-    fails(["wan2.1", "--source", WAN_REPO, "--revision", "v2", "--to", "flax", "--out", tmp_path / "out2"],
-           InputError.exit_code, "revision 'v2' not found in Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+    fails(
+        ["wan2.1", "--source", WAN_REPO, "--revision", "v2", "--to", "flax", "--out", tmp_path / "out2"],
+        InputError.exit_code,
+        "revision 'v2' not found in Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+    )
 
 
-@pytest.mark.parametrize("case, message", [
-    ("missing-repo", "Hub repo nobody/nothing not found"),
-    ("gated", "nobody/gated is gated: accept its terms"),
-    ("no-vae", "nobody/no-vae@main has no vae/ folder"),
-])
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("missing-repo", "Hub repo nobody/nothing not found"),
+        ("gated", "nobody/gated is gated: accept its terms"),
+        ("no-vae", "nobody/no-vae@main has no vae/ folder"),
+    ],
+)
 def test_hub_errors(hub, tmp_path, case, message):
     hub.repos["nobody/gated"] = Repo({"vae/config.json": b"{}"}, gated=True)
     hub.repos["nobody/no-vae"] = Repo({"transformer/config.json": b"{}"})
@@ -67,8 +75,11 @@ def test_hub_errors(hub, tmp_path, case, message):
 
 
 def test_offline_with_nothing_cached(hub, tmp_path):
-    fails(["wan2.1", "--to", "flax", "--out", tmp_path / "out", "--offline"], InputError.exit_code,
-           "not in the local Hugging Face cache and offline mode is on")
+    fails(
+        ["wan2.1", "--to", "flax", "--out", tmp_path / "out", "--offline"],
+        InputError.exit_code,
+        "not in the local Hugging Face cache and offline mode is on",
+    )
     assert hub.requests == []
 
 
@@ -87,16 +98,30 @@ def test_dry_run_fetches_and_writes_nothing(hub, tmp_path):
 def test_push_to_hub_commits_output_and_card(hub, tmp_path, wan_small, monkeypatch):
     source, _ = wan_small
     monkeypatch.setenv("HF_TOKEN", "write-token")
-    result = run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out",
-                     "--push-to-hub", "my-org/wan-tx", "--private", "--commit-message", "first upload")
+    result = run_cli(
+        "wan2.1",
+        "--source",
+        source,
+        "--to",
+        "torchax",
+        "--out",
+        tmp_path / "out",
+        "--push-to-hub",
+        "my-org/wan-tx",
+        "--private",
+        "--commit-message",
+        "first upload",
+    )
     assert "write-token" not in result.stdout + result.stderr
     assert hub.created == [{"name": "wan-tx", "organization": "my-org", "visibility": "private"}]
     commit = hub.commits[-1]
     expected = {p.name for p in (tmp_path / "out").iterdir()} | {"README.md"}
     assert set(commit["files"]) == expected and commit["summary"] == "first upload"
     assert commit["authorization"] == "Bearer write-token"
-    assert commit["files"]["diffusion_pytorch_model.safetensors"] == \
-        (tmp_path / "out" / "diffusion_pytorch_model.safetensors").read_bytes()
+    assert (
+        commit["files"]["diffusion_pytorch_model.safetensors"]
+        == (tmp_path / "out" / "diffusion_pytorch_model.safetensors").read_bytes()
+    )
     card = commit["files"]["README.md"].decode()
     meta = yaml.safe_load(card.split("---")[1])
     assert meta["library_name"] == "diffusers" and {"jax", "torchax", "wan2.1"} <= set(meta["tags"])
@@ -112,35 +137,63 @@ def test_publish_existing_output_as_pull_request(hub, tmp_path, wan_small, monke
     assert any(name.startswith("state/") for name in hub.commits[-1]["files"])  # the Orbax checkpoint's files
 
 
-@pytest.mark.parametrize("token, repo, message", [
-    (None, "me/x", "needs a Hugging Face token"),
-    ("read-token", "me/x", "is read-only"),
-    ("write-token", "other-org/x", "cannot write to other-org/"),
-])
+@pytest.mark.parametrize(
+    "token, repo, message",
+    [
+        (None, "me/x", "needs a Hugging Face token"),
+        ("read-token", "me/x", "is read-only"),
+        ("write-token", "other-org/x", "cannot write to other-org/"),
+    ],
+)
 def test_write_access_is_checked_before_converting(hub, tmp_path, wan_small, monkeypatch, token, repo, message):
     source, _ = wan_small
     if token:
         monkeypatch.setenv("HF_TOKEN", token)
-    result = run_cli("wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out", "--push-to-hub", repo,
-                     check=False)
+    result = run_cli(
+        "wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out", "--push-to-hub", repo, check=False
+    )
     assert result.returncode == OutputError.exit_code and message in result.stderr, result.stderr
     assert "converting" not in result.stderr and not (tmp_path / "out").exists()
     assert hub.commits == []
 
 
 def test_model_card_content():
-    info = {"tool": "vae-convert", "version": "9.9", "family": "wan2.1", "model": "wan2.1", "target": "flax",
-            "format": "orbax", "dtype": "bfloat16",
-            "source": {"origin": WAN_REPO, "files": ["x"], "revision": "abc123"},
-            "mapping": {"file": "wan2.1.yaml", "sha256": "f" * 64},
-            "validation": {"checks": [{"output": "decode", "shape": [1, 3, 9, 64, 64], "max_abs": 2e-6,
-                                       "mean_abs": 1e-7, "tol": 1e-4, "ok": True}]}}
+    info = {
+        "tool": "vae-convert",
+        "version": "9.9",
+        "family": "wan2.1",
+        "model": "wan2.1",
+        "target": "flax",
+        "format": "orbax",
+        "dtype": "bfloat16",
+        "source": {"origin": WAN_REPO, "files": ["x"], "revision": "abc123"},
+        "mapping": {"file": "wan2.1.yaml", "sha256": "f" * 64},
+        "validation": {
+            "checks": [
+                {
+                    "output": "decode",
+                    "shape": [1, 3, 9, 64, 64],
+                    "max_abs": 2e-6,
+                    "mean_abs": 1e-7,
+                    "tol": 1e-4,
+                    "ok": True,
+                }
+            ]
+        },
+    }
     card = model_card(info, "me/wan-flax")
     meta = yaml.safe_load(card.split("---")[1])
     assert meta["base_model"] == WAN_REPO and meta["library_name"] == "flax"
     assert {"jax", "flax", "orbax", "wan2.1"} <= set(meta["tags"])
-    for fact in ("`abc123`", "vae-convert 9.9", "bfloat16", "`wan2.1.yaml`", "| decode | 1x3x9x64x64 | 2.00e-06",
-                 'snapshot_download("me/wan-flax")', "converter.load(path)"):
+    for fact in (
+        "`abc123`",
+        "vae-convert 9.9",
+        "bfloat16",
+        "`wan2.1.yaml`",
+        "| decode | 1x3x9x64x64 | 2.00e-06",
+        'snapshot_download("me/wan-flax")',
+        "converter.load(path)",
+    ):
         assert fact in card, fact
 
 
@@ -148,8 +201,10 @@ def _shard(source, folder):
     """The small checkpoint split into two shards with a diffusers-style index."""
     state = load_file(source / "diffusion_pytorch_model.safetensors")
     keys = sorted(state)
-    halves = {"diffusion_pytorch_model-00001-of-00002.safetensors": keys[: len(keys) // 2],
-              "diffusion_pytorch_model-00002-of-00002.safetensors": keys[len(keys) // 2:]}
+    halves = {
+        "diffusion_pytorch_model-00001-of-00002.safetensors": keys[: len(keys) // 2],
+        "diffusion_pytorch_model-00002-of-00002.safetensors": keys[len(keys) // 2 :],
+    }
     folder.mkdir()
     weight_map = {}
     for name, names in halves.items():
@@ -178,8 +233,11 @@ def test_sharded_index_disagreeing_with_shards(wan_small, tmp_path):
     key = next(iter(weight_map))
     other = next(name for name in set(weight_map.values()) if name != weight_map[key])
     index.write_text(json.dumps({"weight_map": {**weight_map, key: other}}))
-    fails(["wan2.1", "--source", index, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
-           f"index puts {key!r} in {other}")
+    fails(
+        ["wan2.1", "--source", index, "--to", "flax", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        f"index puts {key!r} in {other}",
+    )
 
 
 @pytest.mark.parametrize("kind", ["repo-root", "vae-folder", "single-file"])
@@ -189,8 +247,11 @@ def test_local_source_kinds(wan_small, tmp_path, kind):
     (root / "vae").mkdir(parents=True)
     for p in source.iterdir():
         (root / "vae" / p.name).write_bytes(p.read_bytes())
-    given = {"repo-root": root, "vae-folder": root / "vae",
-             "single-file": root / "vae" / "diffusion_pytorch_model.safetensors"}[kind]
+    given = {
+        "repo-root": root,
+        "vae-folder": root / "vae",
+        "single-file": root / "vae" / "diffusion_pytorch_model.safetensors",
+    }[kind]
     run_cli("wan2.1", "--source", given, "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
     assert manifest(tmp_path / "out")["source"]["origin"] == str(given)
 

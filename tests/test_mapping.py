@@ -1,4 +1,5 @@
 """The mapping engine on hand-made rules: strict both ways, messages that name the key, the rule and file:line."""
+
 import textwrap
 
 import pytest
@@ -28,8 +29,11 @@ def _mapping(tmp_path, text=RULES):
 
 def _layers(n, weight_name, weight_shape):
     """n conv layers, each a weight (by the side's name and layout) and a bias of 8."""
-    return {key: shape for i in range(n)
-            for key, shape in ((f"blocks.{i}.conv.{weight_name}", weight_shape), (f"blocks.{i}.conv.bias", (8,)))}
+    return {
+        key: shape
+        for i in range(n)
+        for key, shape in ((f"blocks.{i}.conv.{weight_name}", weight_shape), (f"blocks.{i}.conv.bias", (8,)))
+    }
 
 
 def _source(n):
@@ -49,10 +53,13 @@ def test_indices_past_ten_pair_by_index_not_sort_order(tmp_path):
 
 
 def test_key_matched_by_two_rules_names_both(tmp_path):
-    text = RULES + """    - name: greedy
+    text = (
+        RULES
+        + """    - name: greedy
       match: 'blocks\\.0\\.conv\\.bias'
       to: 'blocks.0.conv.bias'
 """
+    )
     with pytest.raises(MappingError) as err:
         plan(_mapping(tmp_path, text), "flax", _source(1), _targets(1))
     message = str(err.value)

@@ -1,5 +1,6 @@
 """--out never destroys what the user did not ask to replace: not the source, not a folder that holds it, not a
 folder that is no vae-convert output, and not another run's output that appeared while this one was converting."""
+
 from __future__ import annotations
 
 import hashlib
@@ -16,8 +17,11 @@ from tests.helpers import REPO, earlier_output, fails, manifest, run_cli
 
 def _snapshot(folder):
     """Every file below `folder` with its sha256: what must still be there, byte for byte."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _refused(args, cwd, *needles):
@@ -52,8 +56,13 @@ def test_force_refuses_a_folder_that_is_no_output(wan_small, tmp_path):
     (out / "docs").mkdir(parents=True)
     (out / "notes.txt").write_text("mine")
     before = _snapshot(tmp_path)
-    _refused(["wan2.1", "--source", source, "--to", "torchax", "--out", out, "--force"], REPO,
-             "is not a vae-convert output", "docs/, notes.txt", "even with --force")
+    _refused(
+        ["wan2.1", "--source", source, "--to", "torchax", "--out", out, "--force"],
+        REPO,
+        "is not a vae-convert output",
+        "docs/, notes.txt",
+        "even with --force",
+    )
     assert _snapshot(tmp_path) == before and sorted(p.name for p in tmp_path.iterdir()) == ["home"]
 
 
@@ -72,10 +81,16 @@ def test_two_runs_racing_to_one_out(wan_small, tmp_path):
     """Both pass the start-up check; whichever commits second must not replace the first one's output."""
     source, _ = wan_small
     out = tmp_path / "out"
-    runs = {target: subprocess.Popen([sys.executable, "-m", "converter", "wan2.1", "--source", str(source), "--to",
-                                      target, "--out", str(out)], cwd=REPO, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
-            for target in ("flax", "torchax")}
+    runs = {
+        target: subprocess.Popen(
+            [sys.executable, "-m", "converter", "wan2.1", "--source", str(source), "--to", target, "--out", str(out)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for target in ("flax", "torchax")
+    }
     results = {target: (run.wait(timeout=300), run.stderr.read()) for target, run in runs.items()}
     winners = [t for t, (code, _) in results.items() if code == 0]
     losers = [t for t, (code, _) in results.items() if code != 0]

@@ -2,6 +2,7 @@
 like diffusers (fp32 max abs difference <= 1e-4) at several frame counts, with both targets: the Flax model
 (jitted) and the torchax model (jitted under torchax). The causal frame cache and frame batching are where ports go
 wrong; one-frame checks would not see it."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -21,8 +22,9 @@ CASES = {f"{family.name}-{which}": (family, which) for family in FAMILIES.values
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(request, tmp_path_factory):
     family, which = CASES[request.param]
-    reference, models = converted_by_cli(family.models[0].name, family.small_configs[which],
-                                         tmp_path_factory.mktemp(request.param))
+    reference, models = converted_by_cli(
+        family.models[0].name, family.small_configs[which], tmp_path_factory.mktemp(request.param)
+    )
     return family, reference, {target: runner(target, model) for target, model in models.items()}
 
 
@@ -30,15 +32,14 @@ def test_decode_matches_diffusers(converted):
     family, reference, runners = converted
     channels = family.validation_latent_shape(family.config_class.from_dict(dict(reference.config)))[1]
     for frames in family.parity_frames[0]:
-        z = torch.randn(1, channels, frames, LATENT_SIZE, LATENT_SIZE,
-                        generator=torch.Generator().manual_seed(frames))
+        z = torch.randn(1, channels, frames, LATENT_SIZE, LATENT_SIZE, generator=torch.Generator().manual_seed(frames))
         with torch.no_grad():
             expected = reference.decode(z).sample.numpy()
         if family.clamps_output:
             # the output must not sit in the [-1, 1] clamp, or the comparison would prove nothing
             assert (np.abs(expected) < 0.99).mean() > 0.9
-        for target, runner in runners.items():
-            got = runner.decode(z.numpy())
+        for target, drive in runners.items():
+            got = drive.decode(z.numpy())
             assert got.shape == expected.shape, (target, frames)
             assert np.abs(got - expected).max() <= ATOL, (target, frames, np.abs(got - expected).max())
 
@@ -46,12 +47,11 @@ def test_decode_matches_diffusers(converted):
 def test_encode_matches_diffusers(converted):
     family, reference, runners = converted
     for frames in family.parity_frames[1]:
-        x = torch.rand(1, 3, frames, VIDEO_SIZE, VIDEO_SIZE,
-                       generator=torch.Generator().manual_seed(frames)) * 2 - 1
+        x = torch.rand(1, 3, frames, VIDEO_SIZE, VIDEO_SIZE, generator=torch.Generator().manual_seed(frames)) * 2 - 1
         with torch.no_grad():
             dist = reference.encode(x).latent_dist
-        for target, runner in runners.items():
-            for got, expected in zip(runner.encode(x.numpy()), (dist.mean.numpy(), dist.logvar.numpy())):
+        for target, drive in runners.items():
+            for got, expected in zip(drive.encode(x.numpy()), (dist.mean.numpy(), dist.logvar.numpy())):
                 assert got.shape == expected.shape, (target, frames)
                 assert np.abs(got - expected).max() <= ATOL, (target, frames, np.abs(got - expected).max())
 

@@ -1,5 +1,6 @@
 """Every failure is loud, specific and harmless: its own exit code and one line, nothing new at --out, an old output
 intact under --force, and nothing left behind by runs that were interrupted or killed."""
+
 from __future__ import annotations
 
 import json
@@ -49,8 +50,12 @@ def test_pickle_checkpoint_loads_weightsonly(wan_small, tmp_path):
 def test_pickle_that_needs_code_is_refused_not_run(tmp_path):
     marker = tmp_path / "executed"
     torch.save({"encoder.conv_in.weight": torch.zeros(1), "payload": RunsCode(marker)}, tmp_path / "evil.pt")
-    fails(["wan2.1", "--source", tmp_path / "evil.pt", "--to", "flax", "--out", tmp_path / "out"],
-           InputError.exit_code, "refused", "weights_only=True")
+    fails(
+        ["wan2.1", "--source", tmp_path / "evil.pt", "--to", "flax", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        "refused",
+        "weights_only=True",
+    )
     assert not marker.exists() and not (tmp_path / "out").exists()
 
 
@@ -59,11 +64,16 @@ def test_nonfinite_weights_refused_unless_allowed(wan_small, tmp_path):
         state["decoder.mid_block.resnets.1.conv1.weight"][0, 0, 0, 0, 0] = float("nan")
 
     source = _edited(wan_small, tmp_path, poison)
-    fails(["wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out"],
-           InputError.exit_code, "'decoder.mid_block.resnets.1.conv1.weight' holds 1 NaN/Inf", "--allow-nonfinite")
+    fails(
+        ["wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        "'decoder.mid_block.resnets.1.conv1.weight' holds 1 NaN/Inf",
+        "--allow-nonfinite",
+    )
     only(tmp_path, "source")
-    run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--allow-nonfinite",
-            "--no-validate")
+    run_cli(
+        "wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--allow-nonfinite", "--no-validate"
+    )
 
 
 def test_dtype_that_cannot_hold_the_weights(wan_small, tmp_path):
@@ -71,24 +81,33 @@ def test_dtype_that_cannot_hold_the_weights(wan_small, tmp_path):
         state["encoder.conv_out.bias"][3] = 1e6
 
     source = _edited(wan_small, tmp_path, inflate)
-    fails(["wan2.1", "--source", source, "--to", "flax", "--dtype", "float16", "--out", tmp_path / "out"],
-           InputError.exit_code, "'encoder.conv_out.bias' has values up to 1e+06", "float16")
+    fails(
+        ["wan2.1", "--source", source, "--to", "flax", "--dtype", "float16", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        "'encoder.conv_out.bias' has values up to 1e+06",
+        "float16",
+    )
     only(tmp_path, "source")
 
 
 def test_unwritable_output_location(wan_small, tmp_path):
     source, _ = wan_small
     (tmp_path / "a-file").write_text("")
-    fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "a-file" / "out"],
-           OutputError.exit_code, "cannot create the output")
+    fails(
+        ["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "a-file" / "out"],
+        OutputError.exit_code,
+        "cannot create the output",
+    )
 
 
 def test_full_output_location(wan_small, tmp_path):
     """A file-size limit makes writes fail as a full disk does (EFBIG instead of ENOSPC)."""
     source, _ = wan_small
     # bash sets the limit (1 MiB, in 1 KiB blocks) and ignores SIGXFSZ, which exec keeps: writes then fail with EFBIG
-    command = f"ulimit -f 1024; trap '' XFSZ; exec {sys.executable} -m converter wan2.1 --source {source} " \
-              f"--to torchax --out {tmp_path / 'out'}"
+    command = (
+        f"ulimit -f 1024; trap '' XFSZ; exec {sys.executable} -m converter wan2.1 --source {source} "
+        f"--to torchax --out {tmp_path / 'out'}"
+    )
     result = subprocess.run(["bash", "-c", command], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == OutputError.exit_code, result.stderr
     assert re.search(r"error: cannot write to .*: File too large", result.stderr)
@@ -99,8 +118,11 @@ def test_mapping_syntax_error_names_file_and_line(wan_small, tmp_path):
     source, _ = wan_small
     broken = tmp_path / "broken.yaml"
     broken.write_text((MAPPINGS_DIR / "wan2.1.yaml").read_text().replace("to: '{1}.kernel'", "to: '{1}.kernel", 1))
-    line = fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", broken, "--out", tmp_path / "out"],
-                  MappingError.exit_code, "YAML syntax error")
+    line = fails(
+        ["wan2.1", "--source", source, "--to", "flax", "--mapping", broken, "--out", tmp_path / "out"],
+        MappingError.exit_code,
+        "YAML syntax error",
+    )
     assert re.search(rf"{re.escape(str(broken))}:\d+:", line)
 
 
@@ -115,8 +137,22 @@ def _swapped_hw_mapping(tmp_path):
 def test_validation_failure_leaves_nothing_and_keeps_old_output(wan_small, tmp_path):
     source, _ = wan_small
     out = earlier_output(tmp_path / "out")
-    line = fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", _swapped_hw_mapping(tmp_path),
-                   "--out", out, "--force"], ValidationError.exit_code, "validation failed for decode")
+    line = fails(
+        [
+            "wan2.1",
+            "--source",
+            source,
+            "--to",
+            "flax",
+            "--mapping",
+            _swapped_hw_mapping(tmp_path),
+            "--out",
+            out,
+            "--force",
+        ],
+        ValidationError.exit_code,
+        "validation failed for decode",
+    )
     assert re.search(r"max \|Δ\| \S+ > tol", line)
     assert (out / "old.txt").read_text() == "previous output"
     only(tmp_path, "out", "swapped.yaml")
@@ -124,12 +160,27 @@ def test_validation_failure_leaves_nothing_and_keeps_old_output(wan_small, tmp_p
 
 def test_keep_invalid_keeps_the_output_marked_invalid(wan_small, tmp_path):
     source, _ = wan_small
-    fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", _swapped_hw_mapping(tmp_path),
-            "--out", tmp_path / "out", "--keep-invalid"], ValidationError.exit_code, "--keep-invalid")
+    fails(
+        [
+            "wan2.1",
+            "--source",
+            source,
+            "--to",
+            "flax",
+            "--mapping",
+            _swapped_hw_mapping(tmp_path),
+            "--out",
+            tmp_path / "out",
+            "--keep-invalid",
+        ],
+        ValidationError.exit_code,
+        "--keep-invalid",
+    )
     assert manifest(tmp_path / "out")["validation"]["ok"] is False
 
 
 # -- interrupted runs ---------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def big_source(tmp_path_factory):
@@ -140,9 +191,25 @@ def big_source(tmp_path_factory):
 
 
 def _start_and_interrupt(source, out, sig):
-    process = subprocess.Popen([sys.executable, "-m", "converter", "wan2.1", "--source", str(source), "--to",
-                                "torchax", "--out", str(out), "--no-validate"], cwd=REPO,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "converter",
+            "wan2.1",
+            "--source",
+            str(source),
+            "--to",
+            "torchax",
+            "--out",
+            str(out),
+            "--no-validate",
+        ],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and process.poll() is None:
         partial = list(out.parent.glob(f".{out.name}.tmp-*/{WEIGHTS}"))
@@ -181,20 +248,24 @@ def _dead_pid() -> int:
 def test_output_moved_aside_by_a_killed_force_run_is_restored(wan_small, tmp_path):
     source, _ = wan_small
     earlier_output(tmp_path / f".out.old-{_dead_pid()}-abc" / "previous")
-    fails(["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out"], OutputError.exit_code,
-           "exists; pass --force")
+    fails(
+        ["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out"],
+        OutputError.exit_code,
+        "exists; pass --force",
+    )
     assert (tmp_path / "out" / "old.txt").read_text() == "previous output"
     only(tmp_path, "out")
 
 
 # -- corrupt files ------------------------------------------------------------------------------------------
 
+
 def _mutations(data: bytes, rng: random.Random):
     header_len = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + header_len])
+    header = json.loads(data[8 : 8 + header_len])
     kind = rng.choice(["truncate", "flip", "header"])
     if kind == "truncate":
-        return data[:rng.randrange(len(data))]
+        return data[: rng.randrange(len(data))]
     if kind == "flip":
         mutated = bytearray(data)
         for _ in range(rng.randint(1, 8)):
@@ -202,10 +273,11 @@ def _mutations(data: bytes, rng: random.Random):
         return bytes(mutated)
     name = rng.choice([k for k in header if k != "__metadata__"])
     field = rng.choice(["dtype", "shape", "data_offsets"])
-    header[name][field] = rng.choice([
-        "F8", "I64", [], [-1], [2 ** 62], [1, 2, 3], None, "x", {"a": 1}, [0, 2 ** 40], [5, 3], 7])
+    header[name][field] = rng.choice(
+        ["F8", "I64", [], [-1], [2**62], [1, 2, 3], None, "x", {"a": 1}, [0, 2**40], [5, 3], 7]
+    )
     encoded = json.dumps(header).encode()
-    return struct.pack("<Q", len(encoded)) + encoded + data[8 + header_len:]
+    return struct.pack("<Q", len(encoded)) + encoded + data[8 + header_len :]
 
 
 def test_fuzzed_checkpoints_raise_only_input_errors(wan_small, tmp_path):

@@ -1,6 +1,7 @@
 """Decode and encode on a ("dp", "tp") mesh of 8 simulated CPU devices, width sharded over "tp": parameters are
 restored straight onto the mesh, and the results equal the unsharded ones within 1e-5 (relative to the output's
 scale), for meshes (1, 8) and (2, 4)."""
+
 import json
 import os
 import subprocess
@@ -49,10 +50,18 @@ def test_sharded_matches_unsharded(tmp_path, family):
     config = family.small_configs["default-arch"]
     channels = family.validation_latent_shape(family.config_class.from_dict(config))[1]
     save_diffusers(family, tmp_path / "vae", config)
-    run_cli(family.models[0].name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+    run_cli(
+        family.models[0].name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate"
+    )
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    result = subprocess.run([sys.executable, "-c", SCRIPT, str(tmp_path / "out"), str(channels)], cwd=REPO, env=env,
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "out"), str(channels)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["devices"] == 8
     for shape in ("(1, 8)", "(2, 4)"):

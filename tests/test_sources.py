@@ -1,5 +1,6 @@
 """Source resolution against real huggingface_hub code, offline, on a cache laid out as huggingface_hub lays it
 out; and bf16 sources converted without a detour through float32."""
+
 from __future__ import annotations
 
 import hashlib
@@ -38,14 +39,26 @@ def test_registry_model_resolves_from_the_hub_cache_offline(wan_small, tmp_path,
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     run_cli("wan2.1", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     assert manifest(tmp_path / "out")["source"] == {
-        "origin": REPO_ID, "files": ["diffusion_pytorch_model.safetensors"], "revision": commit}
+        "origin": REPO_ID,
+        "files": ["diffusion_pytorch_model.safetensors"],
+        "revision": commit,
+    }
 
 
 def test_bf16_source_stays_bf16_bit_for_bit(tmp_path):
     model = save_diffusers(WAN, tmp_path / "vae", WAN.small_configs["default-arch"])
     model.to(torch.bfloat16).save_pretrained(tmp_path / "vae-bf16")
-    result = run_cli("wan2.1", "--source", tmp_path / "vae-bf16", "--to", "flax", "--format", "safetensors",
-                     "--out", tmp_path / "out")
+    result = run_cli(
+        "wan2.1",
+        "--source",
+        tmp_path / "vae-bf16",
+        "--to",
+        "flax",
+        "--format",
+        "safetensors",
+        "--out",
+        tmp_path / "out",
+    )
     assert "auto -> bfloat16" in result.stderr
     source = SafetensorsFile(tmp_path / "vae-bf16" / "diffusion_pytorch_model.safetensors")
     out = SafetensorsFile(tmp_path / "out" / "flax_model.safetensors")

@@ -2,6 +2,7 @@
 <= 1e-4) for both targets, encode and decode, on grids with short last rows and columns; each tile shape compiles
 once. Small tile settings keep the small test models tiling; diffusers' own results are checked to differ from the
 untiled ones, so a port that ignored tiling would fail."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,15 +28,27 @@ class Case:
 
 CASES = {
     # 4-latent tiles every 3: rows and columns of 4, 4, 1; the output cropped to 8x the input
-    "wan2.1": Case("wan2.1",
-                   dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
-                        tile_sample_stride_width=24),
-                   latent=(2, 7, 7), video=(1, 56, 56), decode_steps=2),
+    "wan2.1": Case(
+        "wan2.1",
+        dict(
+            tile_sample_min_height=32,
+            tile_sample_min_width=32,
+            tile_sample_stride_height=24,
+            tile_sample_stride_width=24,
+        ),
+        latent=(2, 7, 7),
+        video=(1, 56, 56),
+        decode_steps=2,
+    ),
     # 6x5-latent tiles every 5x4 with diffusers' overlap factors (1/6, 1/5); one frame batch (the cache carried
     # within a tile and reset between tiles is the same shared code as Wan's, which has two steps a tile)
-    "cogvideox": Case("cogvideox-2b",
-                      dict(tile_sample_min_height=48, tile_sample_min_width=40),
-                      latent=(3, 8, 9), video=(9, 64, 72), decode_steps=1),
+    "cogvideox": Case(
+        "cogvideox-2b",
+        dict(tile_sample_min_height=48, tile_sample_min_width=40),
+        latent=(3, 8, 9),
+        video=(9, 64, 72),
+        decode_steps=1,
+    ),
 }
 
 
@@ -64,8 +77,11 @@ def _latent(case, reference, seed=0):
 
 
 def _tile_shapes(plan, height, width) -> set[tuple[int, int]]:
-    return {(min(plan.tile[0], height - i), min(plan.tile[1], width - j))
-            for i in range(0, height, plan.stride[0]) for j in range(0, width, plan.stride[1])}
+    return {
+        (min(plan.tile[0], height - i), min(plan.tile[1], width - j))
+        for i in range(0, height, plan.stride[0])
+        for j in range(0, width, plan.stride[1])
+    }
 
 
 def test_tiled_decode_matches_diffusers_and_compiles_each_tile_shape_once(converted):

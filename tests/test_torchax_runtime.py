@@ -1,4 +1,5 @@
 """The torch 2.13 / torchax 0.0.13 workaround: placeholders exactly for the named-tensor overloads torch lacks."""
+
 import json
 import subprocess
 import sys

@@ -1,4 +1,5 @@
 """The CogVideoX VAE configuration, read from a diffusers `config.json`; shared by both implementations."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,8 +40,7 @@ class CogVideoXVAEConfig(DiffusersConfig):
     def ensure_supported(self):
         if self.act_fn not in ("silu", "swish"):
             raise ConfigError(f"config.json: act_fn {self.act_fn!r} is not supported (silu only)")
-        if set(self.down_block_types) != {"CogVideoXDownBlock3D"} or \
-                set(self.up_block_types) != {"CogVideoXUpBlock3D"}:
+        if set(self.down_block_types) != {"CogVideoXDownBlock3D"} or set(self.up_block_types) != {"CogVideoXUpBlock3D"}:
             raise ConfigError("config.json: only CogVideoXDownBlock3D / CogVideoXUpBlock3D blocks exist")
         if not len(self.down_block_types) == len(self.up_block_types) == len(self.block_out_channels):
             raise ConfigError("config.json: down_block_types, up_block_types and block_out_channels differ in length")
@@ -55,8 +55,10 @@ class CogVideoXVAEConfig(DiffusersConfig):
 def frame_batches(num_frames: int, batch: int) -> list[tuple[int, int]]:
     """diffusers' frame batching: batches of `batch` frames, the remainder folded into the first one."""
     remainder = num_frames % batch
-    return [(0 if i == 0 else batch * i + remainder, batch * (i + 1) + remainder)
-            for i in range(max(num_frames // batch, 1))]
+    return [
+        (0 if i == 0 else batch * i + remainder, batch * (i + 1) + remainder)
+        for i in range(max(num_frames // batch, 1))
+    ]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,15 +72,22 @@ class CogVideoXTiling:
     tile_overlap_factor_width: float = 1 / 5
 
     def plans(self, config: CogVideoXVAEConfig) -> dict[str, TilePlan]:
-        sample_min = (self.tile_sample_min_height or config.sample_height // 2,
-                      self.tile_sample_min_width or config.sample_width // 2)
+        sample_min = (
+            self.tile_sample_min_height or config.sample_height // 2,
+            self.tile_sample_min_width or config.sample_width // 2,
+        )
         downsampling = 2 ** (len(config.block_out_channels) - 1)
         latent_min = tuple(int(s / downsampling) for s in sample_min)
         factors = (self.tile_overlap_factor_height, self.tile_overlap_factor_width)
 
         def plan(tile, out_tile):  # the same int() roundings as diffusers
             blend = tuple(int(o * f) for o, f in zip(out_tile, factors))
-            return TilePlan(tile, stride=tuple(int(t * (1 - f)) for t, f in zip(tile, factors)), blend=blend,
-                            keep=tuple(o - b for o, b in zip(out_tile, blend)), crop_scale=None)
+            return TilePlan(
+                tile,
+                stride=tuple(int(t * (1 - f)) for t, f in zip(tile, factors)),
+                blend=blend,
+                keep=tuple(o - b for o, b in zip(out_tile, blend)),
+                crop_scale=None,
+            )
 
         return {"decoder": plan(latent_min, sample_min), "encoder": plan(sample_min, latent_min)}

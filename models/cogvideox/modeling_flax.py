@@ -6,6 +6,7 @@ a step is a pure function `jax.jit` compiles once per frame-batch shape (the fir
 GroupNorm statistics span the frames of one batch, exactly as diffusers computes them, so batching is part of the
 numerics, not only of memory use.
 """
+
 from __future__ import annotations
 
 import jax
@@ -14,11 +15,11 @@ import numpy as np
 from flax import nnx
 
 from ..common.cache import run_cached
-from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
-from ..common.inputs import expect_video
 from ..common.conv import time_tap_conv
+from ..common.inputs import expect_video
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
+from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
 
 
 class GroupNorm(nnx.Module):
@@ -47,15 +48,22 @@ class CogVideoXCausalConv3d(nnx.Module):
         kernel_size = (kernel_size,) * 3 if isinstance(kernel_size, int) else tuple(kernel_size)
         self.time_kernel_size = kernel_size[0]
         pad_h, pad_w = (kernel_size[1] - 1) // 2, (kernel_size[2] - 1) // 2
-        self.conv = nnx.Conv(in_channels, out_channels, kernel_size, padding=((0, 0), (pad_h, pad_h), (pad_w, pad_w)),
-                             rngs=rngs, param_dtype=param_dtype, conv_general_dilated=time_tap_conv)
+        self.conv = nnx.Conv(
+            in_channels,
+            out_channels,
+            kernel_size,
+            padding=((0, 0), (pad_h, pad_h), (pad_w, pad_w)),
+            rngs=rngs,
+            param_dtype=param_dtype,
+            conv_general_dilated=time_tap_conv,
+        )
 
     def __call__(self, x, cache=None):
         if self.time_kernel_size == 1:
             return self.conv(x), None
         history = cache if cache is not None else jnp.repeat(x[:, :1], self.time_kernel_size - 1, axis=1)
         x = jnp.concatenate([history, x], axis=1)
-        return self.conv(x), x[:, -self.time_kernel_size + 1:]
+        return self.conv(x), x[:, -self.time_kernel_size + 1 :]
 
 
 def _nearest_indices(in_size: int, out_size: int) -> np.ndarray:
@@ -82,8 +90,9 @@ class CogVideoXSpatialNorm3D(nnx.Module):
     def __call__(self, f, zq):
         t, h, w = f.shape[1:4]
         if t > 1 and t % 2 == 1:  # the first frame is resized on its own
-            zq = jnp.concatenate([_resize_nearest(zq[:, :1], (1, h, w)), _resize_nearest(zq[:, 1:], (t - 1, h, w))],
-                                 axis=1)
+            zq = jnp.concatenate(
+                [_resize_nearest(zq[:, :1], (1, h, w)), _resize_nearest(zq[:, 1:], (t - 1, h, w))], axis=1
+            )
         else:
             zq = _resize_nearest(zq, (t, h, w))
         return self.norm_layer(f) * self.conv_y(zq)[0] + self.conv_b(zq)[0]
@@ -100,8 +109,9 @@ class CogVideoXResnetBlock3D(nnx.Module):
             self.norm2 = CogVideoXSpatialNorm3D(out_channels, spatial_norm_dim, groups, **kw)
         self.conv1 = CogVideoXCausalConv3d(in_channels, out_channels, 3, **kw)
         self.conv2 = CogVideoXCausalConv3d(out_channels, out_channels, 3, **kw)
-        self.conv_shortcut = nnx.Conv(in_channels, out_channels, (1, 1, 1), **kw) \
-            if in_channels != out_channels else None
+        self.conv_shortcut = (
+            nnx.Conv(in_channels, out_channels, (1, 1, 1), **kw) if in_channels != out_channels else None
+        )
 
     def __call__(self, x, zq=None, cache=None):
         cache = cache or {}
@@ -123,8 +133,15 @@ def _compress_time_pool(x):
 class CogVideoXDownsample3D(nnx.Module):
     def __init__(self, in_channels, out_channels, compress_time, *, rngs, param_dtype):
         # diffusers pads (0, 1, 0, 1) with zeros, then a 3x3 stride-2 conv applied frame by frame
-        self.conv = nnx.Conv(in_channels, out_channels, (3, 3), strides=(2, 2), padding=((0, 1), (0, 1)),
-                             rngs=rngs, param_dtype=param_dtype)
+        self.conv = nnx.Conv(
+            in_channels,
+            out_channels,
+            (3, 3),
+            strides=(2, 2),
+            padding=((0, 1), (0, 1)),
+            rngs=rngs,
+            param_dtype=param_dtype,
+        )
         self.compress_time = compress_time
 
     def __call__(self, x):
@@ -135,8 +152,9 @@ class CogVideoXDownsample3D(nnx.Module):
 
 class CogVideoXUpsample3D(nnx.Module):
     def __init__(self, in_channels, out_channels, compress_time, *, rngs, param_dtype):
-        self.conv = nnx.Conv(in_channels, out_channels, (3, 3), padding=((1, 1), (1, 1)), rngs=rngs,
-                             param_dtype=param_dtype)
+        self.conv = nnx.Conv(
+            in_channels, out_channels, (3, 3), padding=((1, 1), (1, 1)), rngs=rngs, param_dtype=param_dtype
+        )
         self.compress_time = compress_time
 
     def __call__(self, x):
@@ -149,13 +167,19 @@ class CogVideoXUpsample3D(nnx.Module):
 
 
 class CogVideoXDownBlock3D(nnx.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, eps, add_downsample, compress_time, *, rngs,
-                 param_dtype):
+    def __init__(
+        self, in_channels, out_channels, num_layers, groups, eps, add_downsample, compress_time, *, rngs, param_dtype
+    ):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = nnx.List([CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels,
-                                                        groups, eps, **kw) for i in range(num_layers)])
+        self.resnets = nnx.List(
+            [
+                CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels, groups, eps, **kw)
+                for i in range(num_layers)
+            ]
+        )
         self.downsamplers = nnx.List(
-            [CogVideoXDownsample3D(out_channels, out_channels, compress_time, **kw)] if add_downsample else [])
+            [CogVideoXDownsample3D(out_channels, out_channels, compress_time, **kw)] if add_downsample else []
+        )
 
     def __call__(self, x, cache=None):
         x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"))
@@ -166,9 +190,14 @@ class CogVideoXDownBlock3D(nnx.Module):
 
 class CogVideoXMidBlock3D(nnx.Module):
     def __init__(self, channels, num_layers, groups, eps, spatial_norm_dim=None, *, rngs, param_dtype):
-        self.resnets = nnx.List([CogVideoXResnetBlock3D(channels, channels, groups, eps, spatial_norm_dim,
-                                                        rngs=rngs, param_dtype=param_dtype)
-                                 for _ in range(num_layers)])
+        self.resnets = nnx.List(
+            [
+                CogVideoXResnetBlock3D(
+                    channels, channels, groups, eps, spatial_norm_dim, rngs=rngs, param_dtype=param_dtype
+                )
+                for _ in range(num_layers)
+            ]
+        )
 
     def __call__(self, x, zq=None, cache=None):
         x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"), zq)
@@ -176,14 +205,32 @@ class CogVideoXMidBlock3D(nnx.Module):
 
 
 class CogVideoXUpBlock3D(nnx.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, eps, spatial_norm_dim, add_upsample,
-                 compress_time, *, rngs, param_dtype):
+    def __init__(
+        self,
+        in_channels,
+        out_channels,
+        num_layers,
+        groups,
+        eps,
+        spatial_norm_dim,
+        add_upsample,
+        compress_time,
+        *,
+        rngs,
+        param_dtype,
+    ):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = nnx.List([CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels,
-                                                        groups, eps, spatial_norm_dim, **kw)
-                                 for i in range(num_layers)])
+        self.resnets = nnx.List(
+            [
+                CogVideoXResnetBlock3D(
+                    in_channels if i == 0 else out_channels, out_channels, groups, eps, spatial_norm_dim, **kw
+                )
+                for i in range(num_layers)
+            ]
+        )
         self.upsamplers = nnx.List(
-            [CogVideoXUpsample3D(out_channels, out_channels, compress_time, **kw)] if add_upsample else [])
+            [CogVideoXUpsample3D(out_channels, out_channels, compress_time, **kw)] if add_upsample else []
+        )
 
     def __call__(self, x, zq, cache=None):
         x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"), zq)
@@ -200,9 +247,18 @@ class CogVideoXEncoder3D(nnx.Module):
         down_blocks, output_channel = [], channels[0]
         for i in range(len(config.down_block_types)):
             input_channel, output_channel = output_channel, channels[i]
-            down_blocks.append(CogVideoXDownBlock3D(
-                input_channel, output_channel, config.layers_per_block, groups, eps,
-                add_downsample=i != len(channels) - 1, compress_time=i < config.temporal_compress_level, **kw))
+            down_blocks.append(
+                CogVideoXDownBlock3D(
+                    input_channel,
+                    output_channel,
+                    config.layers_per_block,
+                    groups,
+                    eps,
+                    add_downsample=i != len(channels) - 1,
+                    compress_time=i < config.temporal_compress_level,
+                    **kw,
+                )
+            )
         self.down_blocks = nnx.List(down_blocks)
         self.mid_block = CogVideoXMidBlock3D(channels[-1], 2, groups, eps, **kw)
         self.norm_out = GroupNorm(groups, channels[-1], 1e-6, param_dtype=param_dtype)
@@ -228,9 +284,19 @@ class CogVideoXDecoder3D(nnx.Module):
         up_blocks, output_channel = [], channels[0]
         for i in range(len(config.up_block_types)):
             prev_output_channel, output_channel = output_channel, channels[i]
-            up_blocks.append(CogVideoXUpBlock3D(
-                prev_output_channel, output_channel, config.layers_per_block + 1, groups, eps, z,
-                add_upsample=i != len(channels) - 1, compress_time=i < config.temporal_compress_level, **kw))
+            up_blocks.append(
+                CogVideoXUpBlock3D(
+                    prev_output_channel,
+                    output_channel,
+                    config.layers_per_block + 1,
+                    groups,
+                    eps,
+                    z,
+                    add_upsample=i != len(channels) - 1,
+                    compress_time=i < config.temporal_compress_level,
+                    **kw,
+                )
+            )
         self.up_blocks = nnx.List(up_blocks)
         self.norm_out = CogVideoXSpatialNorm3D(channels[-1], z, groups, **kw)
         self.conv_out = CogVideoXCausalConv3d(channels[-1], config.out_channels, 3, **kw)
@@ -258,8 +324,9 @@ class AutoencoderKLCogVideoX(TilingMixin, nnx.Module):
         # diffusers sizes these from out_channels (not latent_channels); kept so its checkpoints convert as they are.
         quant = 2 * config.out_channels
         self.quant_conv = nnx.Conv(quant, quant, (1, 1, 1), **kw) if config.use_quant_conv else None
-        self.post_quant_conv = nnx.Conv(config.out_channels, config.out_channels, (1, 1, 1), **kw) \
-            if config.use_post_quant_conv else None
+        self.post_quant_conv = (
+            nnx.Conv(config.out_channels, config.out_channels, (1, 1, 1), **kw) if config.use_post_quant_conv else None
+        )
 
     def encode(self, x, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), in batches of 8 frames (the remainder joins the first).

@@ -6,6 +6,7 @@ saves, and `encode(x).latent_dist` / `decode(z).sample` behave the same. Differe
 - GroupNorm statistics are taken in float32 whatever the input dtype.
 - encoder/decoder steps take and return the conv cache explicitly (as diffusers' already do), so torchax can jit them.
 """
+
 from __future__ import annotations
 
 import torch
@@ -13,10 +14,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.cache import run_cached
-from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
 from ..common.inputs import expect_video
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
+from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
 
 
 class GroupNorm(nn.GroupNorm):
@@ -43,7 +44,7 @@ class CogVideoXCausalConv3d(nn.Module):
             return self.conv(x), None
         history = cache if cache is not None else x[:, :, :1].repeat(1, 1, self.time_kernel_size - 1, 1, 1)
         x = torch.cat([history, x], dim=2)
-        return self.conv(x), x[:, :, -self.time_kernel_size + 1:]
+        return self.conv(x), x[:, :, -self.time_kernel_size + 1 :]
 
 
 def _nearest_indices(in_size: int, out_size: int) -> torch.Tensor:
@@ -72,8 +73,13 @@ class CogVideoXSpatialNorm3D(nn.Module):
 
     def forward(self, f, zq):
         if f.shape[2] > 1 and f.shape[2] % 2 == 1:
-            zq = torch.cat([_resize_nearest(zq[:, :, :1], (1, *f.shape[3:])),
-                            _resize_nearest(zq[:, :, 1:], (f.shape[2] - 1, *f.shape[3:]))], dim=2)
+            zq = torch.cat(
+                [
+                    _resize_nearest(zq[:, :, :1], (1, *f.shape[3:])),
+                    _resize_nearest(zq[:, :, 1:], (f.shape[2] - 1, *f.shape[3:])),
+                ],
+                dim=2,
+            )
         else:
             zq = _resize_nearest(zq, f.shape[2:])
         return self.norm_layer(f) * self.conv_y(zq)[0] + self.conv_b(zq)[0]
@@ -155,10 +161,15 @@ class CogVideoXUpsample3D(nn.Module):
 class CogVideoXDownBlock3D(nn.Module):
     def __init__(self, in_channels, out_channels, num_layers, groups, eps, add_downsample, compress_time):
         super().__init__()
-        self.resnets = nn.ModuleList([CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels,
-                                                             groups, eps) for i in range(num_layers)])
+        self.resnets = nn.ModuleList(
+            [
+                CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels, groups, eps)
+                for i in range(num_layers)
+            ]
+        )
         self.downsamplers = nn.ModuleList(
-            [CogVideoXDownsample3D(out_channels, out_channels, compress_time)] if add_downsample else [])
+            [CogVideoXDownsample3D(out_channels, out_channels, compress_time)] if add_downsample else []
+        )
 
     def forward(self, x, cache=None):
         x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"))
@@ -170,8 +181,9 @@ class CogVideoXDownBlock3D(nn.Module):
 class CogVideoXMidBlock3D(nn.Module):
     def __init__(self, channels, num_layers, groups, eps, spatial_norm_dim=None):
         super().__init__()
-        self.resnets = nn.ModuleList([CogVideoXResnetBlock3D(channels, channels, groups, eps, spatial_norm_dim)
-                                      for _ in range(num_layers)])
+        self.resnets = nn.ModuleList(
+            [CogVideoXResnetBlock3D(channels, channels, groups, eps, spatial_norm_dim) for _ in range(num_layers)]
+        )
 
     def forward(self, x, zq=None, cache=None):
         x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"), zq)
@@ -179,14 +191,21 @@ class CogVideoXMidBlock3D(nn.Module):
 
 
 class CogVideoXUpBlock3D(nn.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, eps, spatial_norm_dim, add_upsample,
-                 compress_time):
+    def __init__(
+        self, in_channels, out_channels, num_layers, groups, eps, spatial_norm_dim, add_upsample, compress_time
+    ):
         super().__init__()
-        self.resnets = nn.ModuleList([CogVideoXResnetBlock3D(in_channels if i == 0 else out_channels, out_channels,
-                                                             groups, eps, spatial_norm_dim)
-                                      for i in range(num_layers)])
+        self.resnets = nn.ModuleList(
+            [
+                CogVideoXResnetBlock3D(
+                    in_channels if i == 0 else out_channels, out_channels, groups, eps, spatial_norm_dim
+                )
+                for i in range(num_layers)
+            ]
+        )
         self.upsamplers = nn.ModuleList(
-            [CogVideoXUpsample3D(out_channels, out_channels, compress_time)] if add_upsample else [])
+            [CogVideoXUpsample3D(out_channels, out_channels, compress_time)] if add_upsample else []
+        )
 
     def forward(self, x, zq, cache=None):
         x, resnets = run_cached(self.resnets, x, (cache or {}).get("resnets"), zq)
@@ -204,9 +223,17 @@ class CogVideoXEncoder3D(nn.Module):
         output_channel = channels[0]
         for i in range(len(config.down_block_types)):
             input_channel, output_channel = output_channel, channels[i]
-            self.down_blocks.append(CogVideoXDownBlock3D(
-                input_channel, output_channel, config.layers_per_block, groups, eps,
-                add_downsample=i != len(channels) - 1, compress_time=i < config.temporal_compress_level))
+            self.down_blocks.append(
+                CogVideoXDownBlock3D(
+                    input_channel,
+                    output_channel,
+                    config.layers_per_block,
+                    groups,
+                    eps,
+                    add_downsample=i != len(channels) - 1,
+                    compress_time=i < config.temporal_compress_level,
+                )
+            )
         self.mid_block = CogVideoXMidBlock3D(channels[-1], 2, groups, eps)
         self.norm_out = GroupNorm(groups, channels[-1], eps=1e-6)
         self.conv_out = CogVideoXCausalConv3d(channels[-1], 2 * config.latent_channels, kernel_size=3)
@@ -232,9 +259,18 @@ class CogVideoXDecoder3D(nn.Module):
         output_channel = channels[0]
         for i in range(len(config.up_block_types)):
             prev_output_channel, output_channel = output_channel, channels[i]
-            self.up_blocks.append(CogVideoXUpBlock3D(
-                prev_output_channel, output_channel, config.layers_per_block + 1, groups, eps, z,
-                add_upsample=i != len(channels) - 1, compress_time=i < config.temporal_compress_level))
+            self.up_blocks.append(
+                CogVideoXUpBlock3D(
+                    prev_output_channel,
+                    output_channel,
+                    config.layers_per_block + 1,
+                    groups,
+                    eps,
+                    z,
+                    add_upsample=i != len(channels) - 1,
+                    compress_time=i < config.temporal_compress_level,
+                )
+            )
         self.norm_out = CogVideoXSpatialNorm3D(channels[-1], z, groups=groups)
         self.conv_out = CogVideoXCausalConv3d(channels[-1], config.out_channels, kernel_size=3)
 
@@ -259,10 +295,12 @@ class AutoencoderKLCogVideoX(ChunkedAutoencoder):
         self.encoder = CogVideoXEncoder3D(config)
         self.decoder = CogVideoXDecoder3D(config)
         # diffusers sizes these from out_channels (not latent_channels); kept so its checkpoints load as they are.
-        self.quant_conv = nn.Conv3d(2 * config.out_channels, 2 * config.out_channels, 1) \
-            if config.use_quant_conv else None
-        self.post_quant_conv = nn.Conv3d(config.out_channels, config.out_channels, 1) \
-            if config.use_post_quant_conv else None
+        self.quant_conv = (
+            nn.Conv3d(2 * config.out_channels, 2 * config.out_channels, 1) if config.use_quant_conv else None
+        )
+        self.post_quant_conv = (
+            nn.Conv3d(config.out_channels, config.out_channels, 1) if config.use_post_quant_conv else None
+        )
 
     def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video, in batches of 8 frames (the remainder joins the first batch). `step` runs one

@@ -1,6 +1,7 @@
 """The explicit causal cache, one convention for every model: a cached block takes `cache` (None on the first chunk)
 and returns `(x, new_cache)`; a cache has the shape of the module tree, a dict keyed by child name, list entries by
 their index ("0", "1", ...), as diffusers' CogVideoX keys its conv cache."""
+
 from __future__ import annotations
 
 

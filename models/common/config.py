@@ -1,5 +1,6 @@
 """What the families' configs share: read from / written as a diffusers `config.json`, checked against the field
 types before anything is built."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,8 +69,14 @@ def _type_problem(value, hint) -> str | None:
         if not isinstance(value, (list, tuple)):
             return f"expected a list of {_name(item)}"
         problems = [_type_problem(v, item) for v in value]
-        return next((f"expected a list of {_name(item)} ({p.removeprefix('expected ')} at entry {i})"
-                     for i, p in enumerate(problems) if p), None)
+        return next(
+            (
+                f"expected a list of {_name(item)} ({p.removeprefix('expected ')} at entry {i})"
+                for i, p in enumerate(problems)
+                if p
+            ),
+            None,
+        )
     if hint is bool:
         return None if isinstance(value, bool) else "expected true or false"
     if hint is int:

@@ -5,30 +5,56 @@ XLA:CPU runs 2D convolutions much faster than 3D ones: on a Wan-sized layer (96 
 the full-size Wan decode drops from 3.7 s to 2.7 s. Other backends keep XLA's conv3d, which is their fast path. The
 sum over taps is the same convolution; only the order of additions differs (about 1e-6 on decoded videos).
 """
+
 from __future__ import annotations
 
 import jax
 from jax import lax
 
 
-def time_tap_conv(lhs, rhs, window_strides, padding, *, lhs_dilation=None, rhs_dilation=None,
-                  dimension_numbers=None, feature_group_count=1, **kwargs):
+def time_tap_conv(
+    lhs,
+    rhs,
+    window_strides,
+    padding,
+    *,
+    lhs_dilation=None,
+    rhs_dilation=None,
+    dimension_numbers=None,
+    feature_group_count=1,
+    **kwargs,
+):
     """lhs (N, T, H, W, C), rhs (kT, kH, kW, C, O), as nnx.Conv passes them (channels-last); time unpadded."""
-    plain = (lhs.ndim != 5 or rhs.shape[0] == 1 or jax.default_backend() != "cpu" or tuple(padding[0]) != (0, 0)
-             or window_strides[0] != 1 or feature_group_count != 1
-             or any(d != 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,)))))
+    plain = (
+        lhs.ndim != 5
+        or rhs.shape[0] == 1
+        or jax.default_backend() != "cpu"
+        or tuple(padding[0]) != (0, 0)
+        or window_strides[0] != 1
+        or feature_group_count != 1
+        or any(d != 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
+    )
     if plain:
-        return lax.conv_general_dilated(lhs, rhs, window_strides, padding, lhs_dilation=lhs_dilation,
-                                        rhs_dilation=rhs_dilation, dimension_numbers=dimension_numbers,
-                                        feature_group_count=feature_group_count, **kwargs)
+        return lax.conv_general_dilated(
+            lhs,
+            rhs,
+            window_strides,
+            padding,
+            lhs_dilation=lhs_dilation,
+            rhs_dilation=rhs_dilation,
+            dimension_numbers=dimension_numbers,
+            feature_group_count=feature_group_count,
+            **kwargs,
+        )
     kwargs.pop("out_sharding", None)  # per-frame 2D convs: let jit propagate the activations' sharding
     taps = rhs.shape[0]
     n, t, h, w, c = lhs.shape
     frames = t - taps + 1
     out = None
     for tap in range(taps):
-        window = lhs[:, tap:tap + frames].reshape(n * frames, h, w, c)  # (N*T', H, W, C)
-        y = lax.conv_general_dilated(window, rhs[tap], window_strides[1:], padding[1:],
-                                     dimension_numbers=("NHWC", "HWIO", "NHWC"), **kwargs)
+        window = lhs[:, tap : tap + frames].reshape(n * frames, h, w, c)  # (N*T', H, W, C)
+        y = lax.conv_general_dilated(
+            window, rhs[tap], window_strides[1:], padding[1:], dimension_numbers=("NHWC", "HWIO", "NHWC"), **kwargs
+        )
         out = y if out is None else out + y
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)

@@ -1,4 +1,5 @@
 """The models' input checks: one clear ValueError instead of a shape error deep inside a convolution."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """The return types of diffusers' VAEs, shared by the PyTorch models: `encode(x).latent_dist`, `decode(z).sample`."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -1,9 +1,10 @@
 """A model family's spec: what the converter, the tests and the benchmark need to know about one VAE architecture,
 kept beside its implementations. converter/registry.py lists the families; nothing else names them."""
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 from .config import DiffusersConfig
 

@@ -1,5 +1,6 @@
 """Running a Flax VAE chunk by chunk, shared by both families: one jitted step per chunk shape with the causal cache
 passed explicitly, on a mesh when given one, and tile by tile when tiling is on."""
+
 from __future__ import annotations
 
 import functools
@@ -41,5 +42,11 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], m
             outs.append(out)
         return jnp.concatenate(outs, axis=1)
 
-    return run_tiled(run, x, model.tile_plan(part), h_axis=2, concat=jnp.concatenate,
-                     as_array=lambda values, like: jnp.asarray(values, like.dtype))
+    return run_tiled(
+        run,
+        x,
+        model.tile_plan(part),
+        h_axis=2,
+        concat=jnp.concatenate,
+        as_array=lambda values, like: jnp.asarray(values, like.dtype),
+    )

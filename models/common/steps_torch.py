@@ -1,6 +1,7 @@
 """Running a PyTorch VAE chunk by chunk, shared by both families: the same step as the Flax models'
 (models/common/steps_flax.py), with the causal cache passed explicitly from one chunk to the next, so that torchax can
 jit each step (converter/torchax_runtime.py); tile by tile when tiling is on."""
+
 from __future__ import annotations
 
 import torch
@@ -35,5 +36,11 @@ class ChunkedAutoencoder(TilingMixin, nn.Module):
                 outs.append(out)
             return torch.cat(outs, dim=2)
 
-        return run_tiled(run, x, self.tile_plan(part), h_axis=3, concat=torch.cat,
-                         as_array=lambda values, like: torch.as_tensor(values, dtype=like.dtype, device=like.device))
+        return run_tiled(
+            run,
+            x,
+            self.tile_plan(part),
+            h_axis=3,
+            concat=torch.cat,
+            as_array=lambda values, like: torch.as_tensor(values, dtype=like.dtype, device=like.device),
+        )

@@ -7,10 +7,11 @@ parts. The tile sizes, strides, ramps and crops are diffusers', so results match
 Tiles of one size share one compiled step: a video compiles at most four tile shapes (inner, last column, last row,
 corner), each once for the first chunk and once for the rest.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -65,8 +66,9 @@ def _blend(a, b, axis: int, extent: int, concat: Callable, as_array: Callable):
     if extent == 0:
         return b
     ramp = (np.arange(extent) / extent).reshape((extent,) + (1,) * (b.ndim - axis - 1))  # float64, as Python floats
-    head = (_take(a, axis, slice(a.shape[axis] - extent, None)) * as_array(1 - ramp, b)
-            + _take(b, axis, slice(0, extent)) * as_array(ramp, b))
+    head = _take(a, axis, slice(a.shape[axis] - extent, None)) * as_array(1 - ramp, b) + _take(
+        b, axis, slice(0, extent)
+    ) * as_array(ramp, b)
     return concat([head, _take(b, axis, slice(extent, None))], axis)
 
 
@@ -90,8 +92,9 @@ def run_tiled(run: Callable, x, plan: TilePlan | None, *, h_axis: int, concat: C
             if row:
                 tile = _blend(row[-1], tile, h_axis + 1, plan.blend[1], concat, as_array)
             row.append(tile)
-        kept_rows.append(concat([_window(t, h_axis, slice(0, plan.keep[0]), slice(0, plan.keep[1])) for t in row],
-                                h_axis + 1))
+        kept_rows.append(
+            concat([_window(t, h_axis, slice(0, plan.keep[0]), slice(0, plan.keep[1])) for t in row], h_axis + 1)
+        )
         above = row
     out = concat(kept_rows, h_axis)
     if plan.crop_scale is not None:

@@ -1,4 +1,5 @@
 """The Wan 2.1 VAE configuration, read from a diffusers `config.json`; shared by both implementations."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -6,10 +7,42 @@ import dataclasses
 from ..common.config import ConfigError, DiffusersConfig
 from ..common.tiling import TilePlan
 
-WAN21_LATENTS_MEAN = [-0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508,
-                      0.4134, -0.0715, 0.5517, -0.3632, -0.1922, -0.9497, 0.2503, -0.2921]
-WAN21_LATENTS_STD = [2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743,
-                     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.9160]
+WAN21_LATENTS_MEAN = [
+    -0.7571,
+    -0.7089,
+    -0.9113,
+    0.1075,
+    -0.1745,
+    0.9653,
+    -0.1517,
+    1.5508,
+    0.4134,
+    -0.0715,
+    0.5517,
+    -0.3632,
+    -0.1922,
+    -0.9497,
+    0.2503,
+    -0.2921,
+]
+WAN21_LATENTS_STD = [
+    2.8184,
+    1.4541,
+    2.3275,
+    2.6558,
+    1.2196,
+    1.7708,
+    2.6052,
+    2.0743,
+    3.2687,
+    2.1526,
+    2.8652,
+    1.5579,
+    1.6382,
+    1.1253,
+    2.8251,
+    1.9160,
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,7 +70,9 @@ class WanVAEConfig(DiffusersConfig):
 
     def ensure_supported(self):
         if self.is_residual or self.patch_size is not None:
-            raise ConfigError("config.json describes a Wan 2.2 VAE (is_residual / patch_size); only Wan 2.1 is supported")
+            raise ConfigError(
+                "config.json describes a Wan 2.2 VAE (is_residual / patch_size); only Wan 2.1 is supported"
+            )
         if len(self.temperal_downsample) != len(self.dim_mult) - 1:
             raise ConfigError("config.json: temperal_downsample needs one entry per dim_mult level but the last")
 
@@ -72,10 +107,20 @@ class WanTiling:
         latent_min = tuple(s // ratio for s in sample_min)
         latent_stride = tuple(s // ratio for s in sample_stride)
         return {
-            "decoder": TilePlan(latent_min, latent_stride, blend=_minus(sample_min, sample_stride),
-                                keep=sample_stride, crop_scale=(ratio, 1)),
-            "encoder": TilePlan(sample_min, sample_stride, blend=_minus(latent_min, latent_stride),
-                                keep=latent_stride, crop_scale=(1, ratio)),
+            "decoder": TilePlan(
+                latent_min,
+                latent_stride,
+                blend=_minus(sample_min, sample_stride),
+                keep=sample_stride,
+                crop_scale=(ratio, 1),
+            ),
+            "encoder": TilePlan(
+                sample_min,
+                sample_stride,
+                blend=_minus(latent_min, latent_stride),
+                keep=latent_stride,
+                crop_scale=(1, ratio),
+            ),
         }
 
 

@@ -6,17 +6,18 @@ Read it beside diffusers' `autoencoder_kl_wan.py`: modules and parameters carry 
 - diffusers' 1-frame or missing history is the same as a zero history (its causal padding is zeros), so every
   cache holds exactly CACHE_T frames and its shape never changes after the first step.
 """
+
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..common.inputs import expect_video
+from ..common.cache import run_cached
 from ..common.conv import time_tap_conv
+from ..common.inputs import expect_video
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
-from ..common.cache import run_cached
 from .config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
 
 CACHE_T = 2
@@ -31,8 +32,15 @@ class WanCausalConv3d(nnx.Conv):
 
     def __init__(self, in_channels, out_channels, kernel_size, *, padding, rngs, param_dtype):
         pt, ph, pw = _triple(padding)
-        super().__init__(in_channels, out_channels, _triple(kernel_size), padding=((0, 0), (ph, ph), (pw, pw)),
-                         rngs=rngs, param_dtype=param_dtype, conv_general_dilated=time_tap_conv)
+        super().__init__(
+            in_channels,
+            out_channels,
+            _triple(kernel_size),
+            padding=((0, 0), (ph, ph), (pw, pw)),
+            rngs=rngs,
+            param_dtype=param_dtype,
+            conv_general_dilated=time_tap_conv,
+        )
         self.history = 2 * pt
 
     def __call__(self, x, cache=None):
@@ -40,7 +48,7 @@ class WanCausalConv3d(nnx.Conv):
         if cache is None:
             cache = jnp.zeros((x.shape[0], CACHE_T, *x.shape[2:]), x.dtype)
         x = jnp.concatenate([cache, x], axis=1)
-        return super().__call__(x[:, CACHE_T - self.history:]), x[:, -CACHE_T:]
+        return super().__call__(x[:, CACHE_T - self.history :]), x[:, -CACHE_T:]
 
 
 def _conv(in_channels, out_channels, kernel_size, *, rngs, param_dtype, **kwargs):

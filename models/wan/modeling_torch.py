@@ -8,16 +8,17 @@ reference) and on JAX through torchax. What differs from diffusers, for the sake
 - Every cache holds exactly CACHE_T frames (missing history is zeros, as diffusers' causal padding is), so cache
   shapes never change after the first step and each step compiles once.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..common.cache import run_cached
 from ..common.inputs import expect_video
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
-from ..common.cache import run_cached
 from .config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
 
 CACHE_T = 2
@@ -38,7 +39,7 @@ class WanCausalConv3d(nn.Conv3d):
         if cache is None:
             cache = x.new_zeros((x.shape[0], x.shape[1], CACHE_T, *x.shape[3:]))
         x = torch.cat([cache, x], dim=2)
-        return super().forward(x[:, :, CACHE_T - self.history:]), x[:, :, -CACHE_T:]
+        return super().forward(x[:, :, CACHE_T - self.history :]), x[:, :, -CACHE_T:]
 
 
 class WanRMS_norm(nn.Module):
