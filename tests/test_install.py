@@ -1,5 +1,6 @@
 """Installed from its wheel (not editable), the project adds one top-level import name, `converter`, and works from a
 folder that has a `models/` package of its own (as most ML repositories do)."""
+
 from __future__ import annotations
 
 import subprocess
@@ -13,8 +14,22 @@ from tests.helpers import REPO
 
 
 def test_wheel_installs_one_namespace_and_ignores_a_local_models_package(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
-                    str(tmp_path / "dist"), str(REPO)], check=True, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+            str(REPO),
+        ],
+        check=True,
+        capture_output=True,
+    )
     wheel = next((tmp_path / "dist").glob("vae_convert-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"converter"}
@@ -22,25 +37,39 @@ def test_wheel_installs_one_namespace_and_ignores_a_local_models_package(tmp_pat
 
     venv.create(tmp_path / "venv", with_pip=False)
     python = tmp_path / "venv" / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     # the dependencies (torch, jax, ...) come from this environment's site-packages, appended after the venv's own;
     # this project itself only from the wheel (the editable install's finder is not loaded from a plain path entry)
     (Path(site) / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", site, str(wheel)],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", site, str(wheel)],
+        check=True,
+        capture_output=True,
+    )
 
     work = tmp_path / "someone-elses-repo"
     (work / "models").mkdir(parents=True)
     (work / "models" / "__init__.py").write_text("raise ImportError('the wrong models package was imported')\n")
-    where = subprocess.run([python, "-c", "import converter, converter.registry; print(converter.__file__)"],
-                           cwd=work, check=True, capture_output=True, text=True).stdout.strip()
+    where = subprocess.run(
+        [python, "-c", "import converter, converter.registry; print(converter.__file__)"],
+        cwd=work,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     assert where.startswith(site), where
     vae_convert = [python, "-m", "converter"]
     result = subprocess.run([*vae_convert, "check-mappings"], cwd=work, capture_output=True, text=True)
     assert result.returncode == 0 and "all mappings clean" in result.stdout, result.stdout + result.stderr
-    for command in (["random-checkpoint", "wan2.1", "ckpt", "--small"],
-                    ["wan2.1", "--source", "ckpt", "--to", "flax", "--out", "out"]):
+    for command in (
+        ["random-checkpoint", "wan2.1", "ckpt", "--small"],
+        ["wan2.1", "--source", "ckpt", "--to", "flax", "--out", "out"],
+    ):
         result = subprocess.run([*vae_convert, *command], cwd=work, capture_output=True, text=True)
         assert result.returncode == 0, result.stdout + result.stderr
     assert "validation 3/3 ✓" in result.stdout
