@@ -1,31 +1,34 @@
 """`python -m converter` and the `vae-convert` command's entry point.
 
-SIGINT and SIGTERM are handled from the first moment: the first one unwinds the run as Ctrl-C does (the work folder
-is removed on the way out) and later ones are ignored, so that cleanup is not cut short. The process then ends with
-os._exit, skipping the interpreter's teardown: JAX's runtime threads can crash it when a computation was interrupted.
+SIGINT and SIGTERM are handled from the first moment, by undoing the run's changes in the handler itself (the work
+folder goes, an output moved aside for --force comes back) and ending the process with exit 130. No exception is
+raised to unwind the run: code deep in JAX, PyTorch or a finalizer could swallow it. os._exit skips the
+interpreter's teardown, where the runtime threads of an interrupted computation can crash the process.
 """
 
 import os
 import signal
 import sys
 
+from converter.output import abandon_all
+
+EXIT_INTERRUPTED = 130
+
 
 def _interrupted(signum, frame):
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup below is not to be cut short by a second signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    raise KeyboardInterrupt
+    unwritten = abandon_all()
+    print(f"error: interrupted{'; nothing was written' if unwritten else ''}", file=sys.stderr, flush=True)
+    os._exit(EXIT_INTERRUPTED)
 
 
 def main():
     signal.signal(signal.SIGINT, _interrupted)
     signal.signal(signal.SIGTERM, _interrupted)
-    try:
-        from converter.cli import run
+    from converter.cli import run
 
-        code = run()
-    except KeyboardInterrupt:  # before the command line ran (while importing)
-        print("error: interrupted", file=sys.stderr)
-        code = 130
+    code = run()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

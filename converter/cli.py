@@ -18,7 +18,6 @@ from converter.errors import ConvertError, MappingError
 from converter.registry import MODELS, get_model
 from converter.targets import TARGETS
 
-EXIT_INTERRUPTED = 130
 FORMAT_NAMES = tuple(dict.fromkeys(fmt for target in TARGETS.values() for fmt in target.formats))
 
 
@@ -135,7 +134,7 @@ def convert(
     if dry_run:
         from converter.pipeline import dry_run as plan
 
-        lines = _guarded(lambda: plan(request()), verbose, "interrupted")
+        lines = _guarded(lambda: plan(request()), verbose)
         if push_to_hub:
             lines += f"\nthen publish to https://huggingface.co/{push_to_hub}"
         click.echo(lines)
@@ -144,10 +143,10 @@ def convert(
     if push_to_hub:
         from converter.publish import check_write_access
 
-        _guarded(lambda: check_write_access(push_to_hub), verbose, "interrupted; nothing was written")
+        _guarded(lambda: check_write_access(push_to_hub), verbose)
     from converter.pipeline import convert as run
 
-    summary = _guarded(lambda: run(request()), verbose, "interrupted; nothing was written")
+    summary = _guarded(lambda: run(request()), verbose)
     checks = (
         f", validation {sum(c.ok for c in summary.comparisons)}/{len(summary.comparisons)} ✓"
         if summary.comparisons
@@ -175,19 +174,15 @@ def publish(out, repo_id, private, revision, create_pr, commit_message, verbose)
     from converter.output import read_manifest
     from converter.publish import check_write_access
 
-    _guarded(lambda: read_manifest(out.expanduser().absolute()), verbose, "interrupted")
-    _guarded(lambda: check_write_access(repo_id), verbose, "interrupted")
+    _guarded(lambda: read_manifest(out.expanduser().absolute()), verbose)
+    _guarded(lambda: check_write_access(repo_id), verbose)
     _publish(out.expanduser().absolute(), repo_id, private, revision, create_pr, commit_message, verbose)
 
 
 def _publish(out, repo_id, private, revision, create_pr, commit_message, verbose):
     from converter.publish import publish as upload
 
-    url = _guarded(
-        lambda: upload(out, repo_id, private, revision, create_pr, commit_message),
-        verbose,
-        "interrupted; the upload may not have completed",
-    )
+    url = _guarded(lambda: upload(out, repo_id, private, revision, create_pr, commit_message), verbose)
     click.echo(f"✓ published {out} -> {url}")
 
 
@@ -217,9 +212,7 @@ def random_checkpoint(model, out, small, seed):
     """Write a diffusers-format checkpoint of MODEL with random weights to OUT (offline demos and tests)."""
     from converter.random_checkpoint import write_random_checkpoint
 
-    parameters = _guarded(
-        lambda: write_random_checkpoint(get_model(model), out, small, seed), False, "interrupted; nothing was written"
-    )
+    parameters = _guarded(lambda: write_random_checkpoint(get_model(model), out, small, seed), False)
     click.echo(f"✓ random {model} checkpoint ({parameters / 1e6:.1f}M parameters) -> {out}")
 
 
@@ -254,15 +247,13 @@ def _progress(items, label: str):
         yield from bar
 
 
-def _guarded(action, verbose: bool, interrupted: str):
+def _guarded(action, verbose: bool):
     try:
         return action()
     except ConvertError as e:
         if verbose:
             traceback.print_exc()
         _fail(str(e), e.exit_code)
-    except KeyboardInterrupt:
-        _fail(interrupted, EXIT_INTERRUPTED)
     except Exception as e:  # a bug, not bad input: one line, the traceback in a file
         report = Path(tempfile.gettempdir()) / f"vae-convert-crash-{os.getpid()}.txt"
         report.write_text(traceback.format_exc())
@@ -283,7 +274,4 @@ def run() -> int:
     except click.ClickException as e:  # usage errors: exit 2
         e.show()
         return e.exit_code
-    except click.Abort:  # Ctrl-C or SIGTERM outside a guarded action (click turns KeyboardInterrupt into Abort)
-        click.echo("error: interrupted", err=True)
-        return EXIT_INTERRUPTED
     return result if isinstance(result, int) else 0

@@ -29,6 +29,7 @@ from converter.errors import InputError, OutputError
 
 MANIFEST = "vae_convert.json"
 TOOL = "vae-convert"
+_IN_PROGRESS: set[OutputFolder] = set()  # folders whose work folder exists, for `abandon_all` on a signal
 
 
 def write_json(path: Path, content: dict):
@@ -74,6 +75,7 @@ class OutputFolder:
         self.force = force
         self.say = say
         self.work: Path | None = None
+        self.moved_aside: Path | None = None  # where --force put the old output while the new one moves in
         self.committed = False
 
     def check(self):
@@ -120,12 +122,26 @@ class OutputFolder:
         except OSError as e:
             raise OutputError(f"cannot create the output next to {self.out}: {e.strerror or e}") from None
         self.work = Path(work)
+        _IN_PROGRESS.add(self)
         return self.work
 
     def __exit__(self, *exc_info):
         if not self.committed:
             _remove(self.work)
+        _IN_PROGRESS.discard(self)
         return False
+
+    def abandon(self) -> bool:
+        """Undoes this run's changes at once (on a signal): the work folder goes, and an old output moved aside for
+        --force comes back. Returns False when the new output was already in place."""
+        if self.committed:
+            return False
+        previous = self.moved_aside and self.moved_aside / "previous"
+        if previous and previous.exists() and not os.path.lexists(self.out):
+            os.rename(previous, self.out)
+        _remove(self.moved_aside)
+        _remove(self.work)
+        return True
 
     def commit(self):
         """Moves the finished work folder into place. Without --force an output that appeared meanwhile is kept and
@@ -141,6 +157,7 @@ class OutputFolder:
                 old = Path(
                     tempfile.mkdtemp(prefix=f"{_sibling_prefix(self.out, 'old')}{os.getpid()}-", dir=self.out.parent)
                 )
+                self.moved_aside = old
                 os.rename(self.out, old / "previous")
             try:
                 _rename_noreplace(self.work, self.out)
@@ -158,6 +175,7 @@ class OutputFolder:
         self.committed = True
         if old is not None:
             _remove(old)
+            self.moved_aside = None
 
     def recover_interrupted(self):
         """Cleans up after runs that were killed: their work folders go; a previous output one had moved aside for
@@ -200,6 +218,11 @@ def _remove(folder: Path | None):
     except OSError:
         trash = folder
     shutil.rmtree(trash, ignore_errors=True)
+
+
+def abandon_all() -> bool:
+    """Abandons every output folder in progress (see `OutputFolder.abandon`); whether any output was left unwritten."""
+    return any([folder.abandon() for folder in list(_IN_PROGRESS)])
 
 
 _AT_FDCWD = -100
