@@ -1,0 +1,144 @@
+"""Every failure is a documented exit code with one line: config values of the wrong type or range, option
+combinations (with and without --dry-run), a Hub that is offline or unreachable, paths that do not exist. Exit 1 is
+for bugs only, and none of these may reach it."""
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import socket
+
+import pytest
+
+from converter.errors import InputError, MappingError, OutputError
+from converter.mapping import MAPPINGS_DIR
+from tests.helpers import earlier_output, fails, run_cli
+
+BAD_VALUES = {
+    "base_dim": ["16", -16, 0, 1.5, None, True, [16]],
+    "dim_mult": [4, [1, "2"], [1, 0], None],
+    "z_dim": [None, "4", 0],
+    "num_res_blocks": [1.5, -1, "2"],
+    "temperal_downsample": [[1, 0, 1], "yes", None],
+    "latents_mean": [["a"], 3, [float("inf")]],
+    "dropout": ["0", None],
+}
+
+
+def _config_variant(source, folder, key, value):
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("key", list(BAD_VALUES))
+def test_config_values_of_the_wrong_type_or_range(wan_small, tmp_path, key):
+    source, _ = wan_small
+    for i, value in enumerate(BAD_VALUES[key]):
+        folder = _config_variant(source, tmp_path / f"v{i}", key, value)
+        for dry_run in ([], ["--dry-run"]):
+            fails(["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out", *dry_run],
+                  InputError.exit_code, f"config.json: {key} is", out=tmp_path / "out")
+
+
+OPTION_POOL = [["--to", "flax"], ["--to", "torchax"], ["--format", "orbax"], ["--format", "safetensors"],
+               ["--dtype", "bfloat16"], ["--dtype", "float16"], ["--revision", "v1"], ["--force"], ["--offline"],
+               ["--no-validate"], ["--keep-invalid"], ["--allow-nonfinite"], ["--mapping", "MAPPING"],
+               ["--push-to-hub", "justname"], ["--source", "./wan-smal"], ["--source", "nobody/x/y"]]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_option_combinations_never_exit_1(wan_small, tmp_path, seed, monkeypatch):
+    """Random option sets, each with and without --dry-run: every outcome is a documented code, never a bug."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    source, _ = wan_small
+    rng = random.Random(seed)
+    options = [part.replace("MAPPING", str(MAPPINGS_DIR / "cogvideox.yaml"))
+               for group in rng.sample(OPTION_POOL, rng.randint(1, 5)) for part in group]
+    if "--source" not in options:
+        options += ["--source", str(source)]
+    for dry_run in ([], ["--dry-run"]):
+        result = run_cli("wan2.1", *options, "--out", tmp_path / "out", *dry_run, check=False)
+        assert result.returncode in (0, 2, 3, 4, 5, 6), (options, result.stderr)
+        assert "Traceback" not in result.stderr and "internal error" not in result.stderr, (options, result.stderr)
+
+
+def test_typo_in_a_local_path_is_not_taken_for_a_repo(tmp_path):
+    fails(["wan2.1", "--source", "./wan-smal", "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
+          "no such file or folder", out=tmp_path / "out")
+    (tmp_path / "proj").mkdir()
+    fails(["wan2.1", "--source", "proj/vae", "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
+          "no such file or folder", out=tmp_path / "out", cwd=tmp_path)
+
+
+def test_revision_with_a_local_source_is_refused(wan_small, tmp_path):
+    source, _ = wan_small
+    fails(["wan2.1", "--source", source, "--revision", "v1", "--to", "flax", "--out", tmp_path / "out"],
+          InputError.exit_code, "--revision applies to Hub sources", out=tmp_path / "out")
+
+
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
+def test_format_the_target_does_not_have(wan_small, tmp_path, dry_run):
+    source, _ = wan_small
+    fails(["wan2.1", "--source", source, "--to", "torchax", "--format", "orbax", "--out", tmp_path / "out", *dry_run],
+          InputError.exit_code, "--format orbax is not available for --to torchax", out=tmp_path / "out")
+
+
+def test_mapping_of_another_family_is_named(wan_small, tmp_path):
+    source, _ = wan_small
+    line = fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", MAPPINGS_DIR / "cogvideox.yaml",
+                  "--out", tmp_path / "out"], MappingError.exit_code, "mapping of the cogvideox family, not of wan2.1",
+                 out=tmp_path / "out")
+    assert len(line) < 300
+
+
+def test_random_checkpoint_to_an_unwritable_place(tmp_path):
+    fails(["random-checkpoint", "wan2.1", "/proc/vae-convert-test", "--small"], OutputError.exit_code,
+          "cannot create the output")
+
+
+def test_other_family_hint_names_a_real_command(wan_small, tmp_path):
+    source, _ = wan_small
+    folder = tmp_path / "cog"
+    shutil.copytree(source, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "_class_name": "AutoencoderKLCogVideoX"}))
+    fails(["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
+          "try `vae-convert cogvideox-2b`")
+    assert run_cli("cogvideox-2b", "--help").returncode == 0
+
+
+def _refusing_port() -> int:
+    """A loopback port nothing listens on: connections to it are refused at once."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("hub", ["offline", "unreachable"])
+def test_publish_without_the_hub(wan_small, tmp_path, monkeypatch, hub):
+    source, _ = wan_small
+    monkeypatch.setenv("HF_TOKEN", "write-token")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    if hub == "offline":
+        monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    else:
+        monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_refusing_port()}")
+        monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
+    fails(["publish", tmp_path / "out", "me/wan"], OutputError.exit_code, "me/wan")
+    fails(["wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out2", "--push-to-hub", "me/wan"],
+          OutputError.exit_code, "me/wan", out=tmp_path / "out2")
+
+
+def test_publish_checks_the_folder_first_and_names_only_typed_options(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    (tmp_path / "not-an-output").mkdir()
+    fails(["publish", tmp_path / "not-an-output", "me/wan"], InputError.exit_code, "not a vae-convert output")
+    out = earlier_output(tmp_path / "out")
+    line = fails(["publish", out, "justname"], 2, "ORG/NAME", "'justname'")
+    assert "--push-to-hub" not in line
