@@ -1,6 +1,7 @@
 """Every failure is a documented exit code with one line: config values of the wrong type or range, option
 combinations (with and without --dry-run), a Hub that is offline or unreachable, paths that do not exist. Exit 1 is
 for bugs only, and none of these may reach it."""
+
 from __future__ import annotations
 
 import json
@@ -39,14 +40,32 @@ def test_config_values_of_the_wrong_type_or_range(wan_small, tmp_path, key):
     for i, value in enumerate(BAD_VALUES[key]):
         folder = _config_variant(source, tmp_path / f"v{i}", key, value)
         for dry_run in ([], ["--dry-run"]):
-            fails(["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out", *dry_run],
-                  InputError.exit_code, f"config.json: {key} is", out=tmp_path / "out")
+            fails(
+                ["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out", *dry_run],
+                InputError.exit_code,
+                f"config.json: {key} is",
+                out=tmp_path / "out",
+            )
 
 
-OPTION_POOL = [["--to", "flax"], ["--to", "torchax"], ["--format", "orbax"], ["--format", "safetensors"],
-               ["--dtype", "bfloat16"], ["--dtype", "float16"], ["--revision", "v1"], ["--force"], ["--offline"],
-               ["--no-validate"], ["--keep-invalid"], ["--allow-nonfinite"], ["--mapping", "MAPPING"],
-               ["--push-to-hub", "justname"], ["--source", "./wan-smal"], ["--source", "nobody/x/y"]]
+OPTION_POOL = [
+    ["--to", "flax"],
+    ["--to", "torchax"],
+    ["--format", "orbax"],
+    ["--format", "safetensors"],
+    ["--dtype", "bfloat16"],
+    ["--dtype", "float16"],
+    ["--revision", "v1"],
+    ["--force"],
+    ["--offline"],
+    ["--no-validate"],
+    ["--keep-invalid"],
+    ["--allow-nonfinite"],
+    ["--mapping", "MAPPING"],
+    ["--push-to-hub", "justname"],
+    ["--source", "./wan-smal"],
+    ["--source", "nobody/x/y"],
+]
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -56,8 +75,11 @@ def test_option_combinations_never_exit_1(wan_small, tmp_path, seed, monkeypatch
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
     source, _ = wan_small
     rng = random.Random(seed)
-    options = [part.replace("MAPPING", str(MAPPINGS_DIR / "cogvideox.yaml"))
-               for group in rng.sample(OPTION_POOL, rng.randint(1, 5)) for part in group]
+    options = [
+        part.replace("MAPPING", str(MAPPINGS_DIR / "cogvideox.yaml"))
+        for group in rng.sample(OPTION_POOL, rng.randint(1, 5))
+        for part in group
+    ]
     if "--source" not in options:
         options += ["--source", str(source)]
     for dry_run in ([], ["--dry-run"]):
@@ -67,37 +89,70 @@ def test_option_combinations_never_exit_1(wan_small, tmp_path, seed, monkeypatch
 
 
 def test_typo_in_a_local_path_is_not_taken_for_a_repo(tmp_path):
-    fails(["wan2.1", "--source", "./wan-smal", "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
-          "no such file or folder", out=tmp_path / "out")
+    fails(
+        ["wan2.1", "--source", "./wan-smal", "--to", "flax", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        "no such file or folder",
+        out=tmp_path / "out",
+    )
     (tmp_path / "proj").mkdir()
-    fails(["wan2.1", "--source", "proj/vae", "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
-          "no such file or folder", out=tmp_path / "out", cwd=tmp_path)
+    fails(
+        ["wan2.1", "--source", "proj/vae", "--to", "flax", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        "no such file or folder",
+        out=tmp_path / "out",
+        cwd=tmp_path,
+    )
 
 
 def test_revision_with_a_local_source_is_refused(wan_small, tmp_path):
     source, _ = wan_small
-    fails(["wan2.1", "--source", source, "--revision", "v1", "--to", "flax", "--out", tmp_path / "out"],
-          InputError.exit_code, "--revision applies to Hub sources", out=tmp_path / "out")
+    fails(
+        ["wan2.1", "--source", source, "--revision", "v1", "--to", "flax", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        "--revision applies to Hub sources",
+        out=tmp_path / "out",
+    )
 
 
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
 def test_format_the_target_does_not_have(wan_small, tmp_path, dry_run):
     source, _ = wan_small
-    fails(["wan2.1", "--source", source, "--to", "torchax", "--format", "orbax", "--out", tmp_path / "out", *dry_run],
-          InputError.exit_code, "--format orbax is not available for --to torchax", out=tmp_path / "out")
+    fails(
+        ["wan2.1", "--source", source, "--to", "torchax", "--format", "orbax", "--out", tmp_path / "out", *dry_run],
+        InputError.exit_code,
+        "--format orbax is not available for --to torchax",
+        out=tmp_path / "out",
+    )
 
 
 def test_mapping_of_another_family_is_named(wan_small, tmp_path):
     source, _ = wan_small
-    line = fails(["wan2.1", "--source", source, "--to", "flax", "--mapping", MAPPINGS_DIR / "cogvideox.yaml",
-                  "--out", tmp_path / "out"], MappingError.exit_code, "mapping of the cogvideox family, not of wan2.1",
-                 out=tmp_path / "out")
+    line = fails(
+        [
+            "wan2.1",
+            "--source",
+            source,
+            "--to",
+            "flax",
+            "--mapping",
+            MAPPINGS_DIR / "cogvideox.yaml",
+            "--out",
+            tmp_path / "out",
+        ],
+        MappingError.exit_code,
+        "mapping of the cogvideox family, not of wan2.1",
+        out=tmp_path / "out",
+    )
     assert len(line) < 300
 
 
 def test_random_checkpoint_to_an_unwritable_place(tmp_path):
-    fails(["random-checkpoint", "wan2.1", "/proc/vae-convert-test", "--small"], OutputError.exit_code,
-          "cannot create the output")
+    fails(
+        ["random-checkpoint", "wan2.1", "/proc/vae-convert-test", "--small"],
+        OutputError.exit_code,
+        "cannot create the output",
+    )
 
 
 def test_other_family_hint_names_a_real_command(wan_small, tmp_path):
@@ -106,8 +161,11 @@ def test_other_family_hint_names_a_real_command(wan_small, tmp_path):
     shutil.copytree(source, folder)
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "_class_name": "AutoencoderKLCogVideoX"}))
-    fails(["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code,
-          "try `vae-convert cogvideox-2b`")
+    fails(
+        ["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        "try `vae-convert cogvideox-2b`",
+    )
     assert run_cli("cogvideox-2b", "--help").returncode == 0
 
 
@@ -130,8 +188,12 @@ def test_publish_without_the_hub(wan_small, tmp_path, monkeypatch, hub):
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
     fails(["publish", tmp_path / "out", "me/wan"], OutputError.exit_code, "me/wan")
-    fails(["wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out2", "--push-to-hub", "me/wan"],
-          OutputError.exit_code, "me/wan", out=tmp_path / "out2")
+    fails(
+        ["wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out2", "--push-to-hub", "me/wan"],
+        OutputError.exit_code,
+        "me/wan",
+        out=tmp_path / "out2",
+    )
 
 
 def test_publish_checks_the_folder_first_and_names_only_typed_options(tmp_path, monkeypatch):

@@ -66,3 +66,13 @@ def test_bf16_source_stays_bf16_bit_for_bit(tmp_path):
     assert kernel.dtype.name == "bfloat16"
     expected = source["encoder.down_blocks.10.conv1.weight"].transpose(2, 3, 4, 1, 0)
     assert np.array_equal(kernel.view(np.uint16), expected.view(np.uint16))
+
+
+def test_manifest_records_absolute_source_paths(wan_small, tmp_path):
+    source, _ = wan_small
+    import shutil
+
+    shutil.copytree(source, tmp_path / "vae")
+    run_cli("wan2.1", "--source", "vae", "--to", "torchax", "--out", "out", "--no-validate", cwd=tmp_path)
+    recorded = manifest(tmp_path / "out")["source"]
+    assert recorded["origin"] == str(tmp_path / "vae") and recorded["sha256"]

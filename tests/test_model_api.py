@@ -1,0 +1,87 @@
+"""The Python API: `converter.load` takes relative paths, the models check their inputs with one clear ValueError,
+and the README's torchax snippet works as written for a bfloat16 output."""
+
+from __future__ import annotations
+
+import os
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+import converter
+from converter.errors import InputError
+from converter.torchax_runtime import compile_model, to_jax_tensor
+from tests.helpers import run_cli
+
+
+@pytest.fixture(scope="module")
+def outputs(wan_small, tmp_path_factory):
+    source, _ = wan_small
+    root = tmp_path_factory.mktemp("api")
+    run_cli("wan2.1", "--source", source, "--to", "flax", "--out", root / "flax", "--no-validate")
+    run_cli(
+        "wan2.1", "--source", source, "--to", "torchax", "--dtype", "bfloat16", "--out", root / "tx", "--no-validate"
+    )
+    return root
+
+
+def test_load_takes_a_relative_path_from_any_working_directory(outputs, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    before = os.getcwd()
+    os.chdir(elsewhere)
+    try:
+        vae = converter.load(os.path.relpath(outputs / "flax", elsewhere))
+    finally:
+        os.chdir(before)
+    assert vae.decode(np.zeros((1, 1, 2, 2, 4), np.float32)).shape == (1, 1, 16, 16, 3)
+
+
+def test_flax_output_without_its_state_is_one_clear_error(outputs, tmp_path):
+    import shutil
+
+    shutil.copytree(outputs / "flax", tmp_path / "broken")
+    shutil.rmtree(tmp_path / "broken" / "state")
+    with pytest.raises(InputError, match="state is missing"):
+        converter.load(tmp_path / "broken")
+
+
+@pytest.mark.parametrize(
+    "call, shape, message",
+    [
+        ("decode", (1, 2, 2, 2), "expected a 5-d array"),
+        ("decode", (1, 4, 2, 2, 2), "expected 4 channels in (B, T, H, W, C), channels-last"),  # channels-first input
+        ("decode", (1, 0, 2, 2, 4), "at least one video and one frame"),
+        ("encode", (1, 0, 16, 16, 3), "at least one video and one frame"),
+        ("encode", (1, 5, 16, 16, 4), "expected 3 channels"),
+    ],
+)
+def test_flax_model_checks_its_input(outputs, call, shape, message):
+    vae = converter.load(outputs / "flax")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        getattr(vae, call)(np.zeros(shape, np.float32))
+
+
+@pytest.mark.parametrize(
+    "call, shape, message",
+    [
+        ("decode", (1, 2, 2, 2, 4), "expected 4 channels in (B, C, T, H, W), channels-first"),  # channels-last input
+        ("encode", (1, 3, 0, 16, 16), "at least one video and one frame"),
+    ],
+)
+def test_torch_model_checks_its_input(outputs, call, shape, message):
+    vae = converter.load(outputs / "tx")
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        getattr(vae, call)(torch.zeros(shape, dtype=torch.bfloat16))
+
+
+def test_readme_torchax_snippet_works_for_a_bfloat16_output(outputs):
+    vae = compile_model(converter.load(outputs / "tx"))
+    latents = np.random.default_rng(0).standard_normal((1, 4, 2, 2, 2)).astype(np.float32)
+    with vae.torchax_env:
+        frames = vae.decode(to_jax_tensor(vae, latents)).sample
+        from_jax = vae.decode(to_jax_tensor(vae, jnp.asarray(latents))).sample
+    assert frames.dtype == torch.bfloat16 and tuple(frames.shape) == (1, 3, 5, 16, 16)
+    assert np.array_equal(np.asarray(frames.jax().astype(jnp.float32)), np.asarray(from_jax.jax().astype(jnp.float32)))
