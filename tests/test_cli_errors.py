@@ -105,6 +105,7 @@ def test_other_family_config(wan_small, tmp_path):
         ["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out"],
         InputError.exit_code,
         "AutoencoderKLCogVideoX",
+        "try `vae-convert cogvideox-2b`",  # a command that exists
         out=tmp_path / "out",
     )
 

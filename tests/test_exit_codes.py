@@ -155,20 +155,6 @@ def test_random_checkpoint_to_an_unwritable_place(tmp_path):
     )
 
 
-def test_other_family_hint_names_a_real_command(wan_small, tmp_path):
-    source, _ = wan_small
-    folder = tmp_path / "cog"
-    shutil.copytree(source, folder)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "_class_name": "AutoencoderKLCogVideoX"}))
-    fails(
-        ["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out"],
-        InputError.exit_code,
-        "try `vae-convert cogvideox-2b`",
-    )
-    assert run_cli("cogvideox-2b", "--help").returncode == 0
-
-
 def _refusing_port() -> int:
     """A loopback port nothing listens on: connections to it are refused at once."""
     with socket.socket() as s:
