@@ -76,3 +76,20 @@ def test_manifest_records_absolute_source_paths(wan_small, tmp_path):
     run_cli("wan2.1", "--source", "vae", "--to", "torchax", "--out", "out", "--no-validate", cwd=tmp_path)
     recorded = manifest(tmp_path / "out")["source"]
     assert recorded["origin"] == str(tmp_path / "vae") and recorded["sha256"]
+
+
+def test_dry_run_with_hf_hub_offline_uses_the_cache(wan_small, tmp_path, monkeypatch):
+    source, _ = wan_small
+    _hub_cache(tmp_path / "hub", source)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    result = run_cli("wan2.1", "--to", "flax", "--out", tmp_path / "out", "--dry-run")
+    assert "cached  vae/diffusion_pytorch_model.safetensors" in result.stdout and "plan: " in result.stdout
+
+
+def test_newcomer_output_has_no_warnings_and_help_lists_the_models(tmp_path):
+    model = save_diffusers(WAN, tmp_path / "vae", WAN.small_configs["default-arch"])
+    model.to(torch.bfloat16).save_pretrained(tmp_path / "vae-bf16")
+    result = run_cli("wan2.1", "--source", tmp_path / "vae-bf16", "--to", "torchax", "--out", tmp_path / "out")
+    assert "Warning" not in result.stderr, result.stderr
+    assert "wan2.1" in run_cli("--help").stdout
