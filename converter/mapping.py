@@ -1,6 +1,7 @@
 """Mapping files and the strict planner that applies them.
 
-A mapping file (mappings/<family>.yaml) has one section per target, each a list of rules. A rule is data:
+A mapping file (mappings/<family>.yaml) has one section per target, each a list of rules, and may name regex pieces
+once under `patterns` for rules to use as {name}. A rule is data:
   match:     a regex that must match the whole source key (it is anchored whatever it says)
   to:        the target key, a template filled from the match: {1}, {2}... or {name} for named groups
   transpose / squeeze / reshape: layout changes, applied in the order they are written in the rule
@@ -71,20 +72,40 @@ def load_mapping(path: str | Path) -> Mapping:
         raise MappingError(f"{path}: cannot read mapping file ({e.strerror})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("targets"), dict) or "family" not in doc:
         raise MappingError(f"{path}:1: a mapping file needs 'family' and a 'targets' section")
-    unknown = set(doc) - {"family", "targets", "__line__"}
+    unknown = set(doc) - {"family", "patterns", "targets", "__line__"}
     if unknown:
         raise MappingError(f"{path}:{doc['__line__']}: unknown top-level field(s): {', '.join(sorted(unknown))}")
+    patterns = _patterns(path, doc.get("patterns", {}))
     targets = {}
     for target, rules in doc["targets"].items():
         if target == "__line__":
             continue
         if not isinstance(rules, list):
             raise MappingError(f"{path}:{doc['targets']['__line__']}: target {target!r} must be a list of rules")
-        targets[target] = tuple(_parse_rule(path, raw) for raw in rules)
+        targets[target] = tuple(_parse_rule(path, raw, patterns) for raw in rules)
     return Mapping(family=str(doc["family"]), path=path, targets=targets)
 
 
-def _parse_rule(path: Path, raw) -> Rule:
+def _patterns(path: Path, raw) -> dict[str, str]:
+    """The file's named regex pieces: `patterns: {name: regex}`, used in rules as {name}."""
+    if not isinstance(raw, dict) or not all(isinstance(v, str) for k, v in raw.items() if k != "__line__"):
+        raise MappingError(f"{path}: 'patterns' must map names to regex strings")
+    return {k: v for k, v in raw.items() if k != "__line__"}
+
+
+def _expand(where: str, regex: str, patterns: dict[str, str]) -> str:
+    """Replaces each {name} of a rule's regex by the named pattern. A regex quantifier always holds digits, so
+    {name} (letters and underscores) cannot be one."""
+
+    def piece(match: re.Match) -> str:
+        if match.group(1) not in patterns:
+            raise MappingError(f"{where}: unknown pattern {{{match.group(1)}}} (defined: {', '.join(patterns)})")
+        return f"(?:{patterns[match.group(1)]})"
+
+    return re.sub(r"\{([A-Za-z_]+)\}", piece, regex)
+
+
+def _parse_rule(path: Path, raw, patterns: dict[str, str]) -> Rule:
     if not isinstance(raw, dict):
         raise MappingError(f"{path}: a rule must be a mapping with 'match' and 'to', got {raw!r}")
     where = f"{path}:{raw.pop('__line__')}"
@@ -96,7 +117,7 @@ def _parse_rule(path: Path, raw) -> Rule:
     if not isinstance(raw.get("match"), str) or not isinstance(raw.get("to"), str):
         raise MappingError(f"{where}: a rule needs string fields 'match' and 'to'")
     try:
-        pattern = re.compile(raw["match"])
+        pattern = re.compile(_expand(where, raw["match"], patterns))
     except re.error as e:
         raise MappingError(f"{where}: bad regex {raw['match']!r}: {e}") from None
     ops = []

@@ -86,3 +86,15 @@ def test_yaml_errors_name_file_and_line(tmp_path):
         _mapping(tmp_path, RULES + "    - name: [unclosed\n")
     with pytest.raises(MappingError, match=r"toy.yaml:5: unknown rule field\(s\): transpos\b"):
         _mapping(tmp_path, RULES.replace("transpose:", "transpos:"))
+
+
+def test_named_patterns_are_written_once_and_unknown_names_are_errors(tmp_path):
+    named = RULES.replace("family: toy\n", "family: toy\npatterns:\n  layer: 'blocks\\.\\d+\\.conv'\n").replace(
+        "match: '(blocks\\.\\d+\\.conv)\\.weight'", "match: '({layer})\\.weight'"
+    )
+    assert "{layer}" in named
+    shapes = _source(3)
+    target = {k.replace("weight", "kernel"): (3, 3, 4, 8) if k.endswith("weight") else v for k, v in shapes.items()}
+    assert len(plan(_mapping(tmp_path, named), "flax", shapes, target)) == len(shapes)
+    with pytest.raises(MappingError, match=r"toy\.yaml:\d+: unknown pattern \{nothing\}"):
+        _mapping(tmp_path, named.replace("({layer})", "({nothing})"))

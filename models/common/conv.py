@@ -1,9 +1,8 @@
 """3D convolutions as one 2D convolution per time tap, on CPU: a drop-in `conv_general_dilated` for `nnx.Conv`.
 
-XLA:CPU runs 2D convolutions much faster than 3D ones: on a Wan-sized layer (96 -> 96 channels, 3x3x3 kernel,
-4x64x64 frames, 2 cores) one conv3d reaches 71 GFLOP/s, three conv2d summed 124 (PyTorch's oneDNN conv3d: 186), and
-the full-size Wan decode drops from 3.7 s to 2.7 s. Other backends keep XLA's conv3d, which is their fast path. The
-sum over taps is the same convolution; only the order of additions differs (about 1e-6 on decoded videos).
+XLA:CPU runs 2D convolutions much faster than 3D ones (README, Performance, has the measurements). Other backends
+keep XLA's conv3d, which is their fast path. The sum over taps is the same convolution; only the order of additions
+differs.
 """
 
 from __future__ import annotations
