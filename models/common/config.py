@@ -18,17 +18,15 @@ class DiffusersConfig:
     """A frozen dataclass whose fields and defaults are a diffusers class's `__init__` arguments.
 
     Values are checked against the field types (integers, and integers in lists, are at least 1; floats are finite);
-    subclasses set `class_name`, list in `ignored_fields` what published configs carry but the pinned diffusers no
-    longer takes, and may override `ensure_supported` to refuse configs they cannot run."""
+    subclasses set `class_name` and may override `ensure_supported` to refuse configs they cannot run."""
 
     class_name: typing.ClassVar[str] = ""
-    ignored_fields: typing.ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def from_dict(cls, raw: dict):
-        """The config of a config.json's content; fields diffusers ignores are dropped (see `ignored_in`)."""
+        """The config of a config.json's content, or a ConfigError naming the first field that does not fit."""
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in raw if k not in known and not k.startswith("_") and k not in cls.ignored_fields)
+        unknown = sorted(k for k in raw if k not in known and not k.startswith("_"))
         if unknown:
             raise ConfigError(f"config.json has fields {cls.class_name} does not take: {', '.join(unknown)}")
         hints = typing.get_type_hints(cls)
@@ -39,10 +37,6 @@ class DiffusersConfig:
         config = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known})
         config.ensure_supported()
         return config
-
-    @classmethod
-    def ignored_in(cls, raw: dict) -> list[str]:
-        return sorted(k for k in raw if k in cls.ignored_fields)
 
     def ensure_supported(self):
         pass
