@@ -136,17 +136,22 @@ class OutputFolder:
         --force comes back. Returns False when the new output was already in place."""
         if self.committed:
             return False
-        previous = self.moved_aside and self.moved_aside / "previous"
-        if previous and previous.exists() and not os.path.lexists(self.out):
-            os.rename(previous, self.out)
+        if self.moved_aside is not None:
+            self._put_back(self.moved_aside)
         _remove(self.moved_aside)
         _remove(self.work)
         return True
 
+    def _put_back(self, aside: Path) -> bool:
+        """Moves an old output that --force had put aside back to --out, if the new one never arrived."""
+        if (aside / "previous").exists() and not os.path.lexists(self.out):
+            os.rename(aside / "previous", self.out)
+            return True
+        return False
+
     def commit(self):
         """Moves the finished work folder into place. Without --force an output that appeared meanwhile is kept and
         this run fails; with --force it is moved aside, and deleted only once the new output is in place."""
-        old = None
         try:
             if self.force and os.path.lexists(self.out):
                 if not self._replaceable():  # it changed since check()
@@ -154,16 +159,15 @@ class OutputFolder:
                         f"{self.out} changed during the conversion and is no longer a vae-convert "
                         f"output (it holds {_describe(self.out)}); not replacing it"
                     )
-                old = Path(
+                self.moved_aside = Path(
                     tempfile.mkdtemp(prefix=f"{_sibling_prefix(self.out, 'old')}{os.getpid()}-", dir=self.out.parent)
                 )
-                self.moved_aside = old
-                os.rename(self.out, old / "previous")
+                os.rename(self.out, self.moved_aside / "previous")
             try:
                 _rename_noreplace(self.work, self.out)
             except BaseException:
-                if old is not None:
-                    os.rename(old / "previous", self.out)
+                if self.moved_aside is not None:
+                    self._put_back(self.moved_aside)
                 raise
         except FileExistsError:
             raise OutputError(
@@ -173,9 +177,8 @@ class OutputFolder:
         except OSError as e:
             raise OutputError(f"cannot move the output into place at {self.out}: {e.strerror or e}") from None
         self.committed = True
-        if old is not None:
-            _remove(old)
-            self.moved_aside = None
+        _remove(self.moved_aside)
+        self.moved_aside = None
 
     def recover_interrupted(self):
         """Cleans up after runs that were killed: their work folders go; a previous output one had moved aside for
@@ -188,8 +191,7 @@ class OutputFolder:
             for folder in sorted(parent.glob(prefix + "*")):
                 if _owner_alive(folder, prefix):
                     continue
-                if kind == "old" and (folder / "previous").exists() and not os.path.lexists(self.out):
-                    os.rename(folder / "previous", self.out)
+                if kind == "old" and self._put_back(folder):
                     self.say(f"restored the previous output at {self.out} (a killed --force run had moved it aside)")
                 _remove(folder)
 
