@@ -11,9 +11,9 @@ from converter.errors import InputError
 from converter.models.cogvideox.spec import COGVIDEOX
 from converter.models.common.config import ConfigError
 from converter.models.common.spec import FamilySpec
-from converter.models.wan.spec import WAN21
+from converter.models.wan.spec import WAN
 
-FAMILIES: dict[str, FamilySpec] = {f.name: f for f in (WAN21, COGVIDEOX)}
+FAMILIES: dict[str, FamilySpec] = {f.name: f for f in (WAN, COGVIDEOX)}
 
 
 @dataclasses.dataclass(frozen=True)

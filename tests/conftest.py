@@ -7,7 +7,7 @@ import pytest
 from converter.registry import FAMILIES
 from tests.helpers import save_diffusers
 
-WAN = FAMILIES["wan2.1"]
+WAN = FAMILIES["wan"]
 
 
 @pytest.fixture(scope="session")

@@ -13,11 +13,11 @@ from converter.cli import cli
 from converter.errors import MappingError
 from converter.mapping import MAPPINGS_DIR
 
-REAL = (MAPPINGS_DIR / "wan2.1.yaml").read_text()
+REAL = (MAPPINGS_DIR / "wan.yaml").read_text()
 
 
 def _check(tmp_path, text, *args):
-    path = tmp_path / "wan2.1.yaml"
+    path = tmp_path / "wan.yaml"
     path.write_text(text)
     result = CliRunner().invoke(cli, ["check-mappings", str(path), *args])
     return path, result
@@ -28,14 +28,14 @@ def _line_of(text, needle):
 
 
 def test_real_mappings_are_clean_in_text_and_json():
-    result = CliRunner().invoke(cli, ["check-mappings", str(MAPPINGS_DIR / "wan2.1.yaml"), "--target", "torchax"])
+    result = CliRunner().invoke(cli, ["check-mappings", str(MAPPINGS_DIR / "wan.yaml"), "--target", "torchax"])
     assert result.exit_code == 0, result.output
     assert "all mappings clean" in result.output and "rms-norm-gamma" in result.output
     result = CliRunner().invoke(cli, ["check-mappings", "--json"])
     report = json.loads(result.output)
     assert report["ok"] and result.exit_code == 0
-    assert {m["file"].rsplit("/", 1)[1] for m in report["mappings"]} == {"wan2.1.yaml", "cogvideox.yaml"}
-    wan = next(m for m in report["mappings"] if m["file"].endswith("wan2.1.yaml"))
+    assert {m["file"].rsplit("/", 1)[1] for m in report["mappings"]} == {"wan.yaml", "cogvideox.yaml"}
+    wan = next(m for m in report["mappings"] if m["file"].endswith("wan.yaml"))
     flax = next(t for t in wan["targets"] if t["target"] == "flax")
     assert set(flax["configs"]) == {"wan2.1", "wan2.1-variant"}
     assert all(sum(rule["hits"].values()) > 0 for rule in flax["rules"])

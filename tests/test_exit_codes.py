@@ -141,7 +141,7 @@ def test_mapping_of_another_family_is_named(wan_small, tmp_path):
             tmp_path / "out",
         ],
         MappingError.exit_code,
-        "mapping of the cogvideox family, not of wan2.1",
+        "mapping of the cogvideox family, not of wan",
         out=tmp_path / "out",
     )
     assert len(line) < 300

@@ -161,13 +161,13 @@ def test_model_card_content():
     info = {
         "tool": "vae-convert",
         "version": "9.9",
-        "family": "wan2.1",
+        "family": "wan",
         "model": "wan2.1",
         "target": "flax",
         "format": "orbax",
         "dtype": "bfloat16",
         "source": {"origin": WAN_REPO, "files": ["x"], "revision": "abc123"},
-        "mapping": {"file": "wan2.1.yaml", "sha256": "f" * 64},
+        "mapping": {"file": "wan.yaml", "sha256": "f" * 64},
         "validation": {
             "checks": [
                 {
@@ -189,7 +189,7 @@ def test_model_card_content():
         "`abc123`",
         "vae-convert 9.9",
         "bfloat16",
-        "`wan2.1.yaml`",
+        "`wan.yaml`",
         "| decode | 1x3x9x64x64 | 2.00e-06",
         'snapshot_download("me/wan-flax")',
         "converter.load(path)",

@@ -117,7 +117,7 @@ def test_full_output_location(wan_small, tmp_path):
 def test_mapping_syntax_error_names_file_and_line(wan_small, tmp_path):
     source, _ = wan_small
     broken = tmp_path / "broken.yaml"
-    broken.write_text((MAPPINGS_DIR / "wan2.1.yaml").read_text().replace("to: '{1}.kernel'", "to: '{1}.kernel", 1))
+    broken.write_text((MAPPINGS_DIR / "wan.yaml").read_text().replace("to: '{1}.kernel'", "to: '{1}.kernel", 1))
     line = fails(
         ["wan2.1", "--source", source, "--to", "flax", "--mapping", broken, "--out", tmp_path / "out"],
         MappingError.exit_code,
@@ -129,7 +129,7 @@ def test_mapping_syntax_error_names_file_and_line(wan_small, tmp_path):
 def _swapped_hw_mapping(tmp_path):
     """A mapping with the prior-art bug class: a transpose that keeps shapes (square kernels) but swaps H and W."""
     path = tmp_path / "swapped.yaml"
-    text = (MAPPINGS_DIR / "wan2.1.yaml").read_text()
+    text = (MAPPINGS_DIR / "wan.yaml").read_text()
     path.write_text(text.replace("transpose: [2, 3, 4, 1, 0]", "transpose: [2, 4, 3, 1, 0]"))
     return path
 

@@ -21,12 +21,19 @@ class DiffusersConfig:
     subclasses set `class_name` and may override `ensure_supported` to refuse configs they cannot run."""
 
     class_name: typing.ClassVar[str] = ""
+    # Keys published config.json files carry that the pinned diffusers no longer takes (and ignores, as we do).
+    retired_fields: typing.ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def ignored_fields(cls, raw: dict) -> list[str]:
+        """The retired keys `raw` carries: `from_dict` ignores them, callers say so."""
+        return sorted(k for k in raw if k in cls.retired_fields)
 
     @classmethod
     def from_dict(cls, raw: dict):
         """The config of a config.json's content, or a ConfigError naming the first field that does not fit."""
         known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(k for k in raw if k not in known and not k.startswith("_"))
+        unknown = sorted(k for k in raw if k not in known and k not in cls.retired_fields and not k.startswith("_"))
         if unknown:
             raise ConfigError(f"config.json has fields {cls.class_name} does not take: {', '.join(unknown)}")
         hints = typing.get_type_hints(cls)
@@ -40,6 +47,11 @@ class DiffusersConfig:
 
     def ensure_supported(self):
         pass
+
+    @property
+    def variant(self) -> str:
+        """What users call this architecture (`vae-convert list` shows it; a model name must fit it)."""
+        return self.class_name
 
     def to_dict(self) -> dict:
         """The diffusers config.json content, so diffusers' `from_pretrained` reads our torchax output."""

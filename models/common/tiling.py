@@ -26,6 +26,7 @@ class TilePlan:
     blend: tuple[int, int]  # output rows / columns ramped in from the upper / left neighbour
     keep: tuple[int, int]  # output rows / columns each tile contributes
     crop_scale: tuple[int, int] | None  # (num, den): crop to input size * num // den (Wan); None: no crop
+    untiled_max: tuple[int, int] | None = None  # largest input run untiled; None: one tile
 
     def __post_init__(self):
         if min(self.tile + self.stride) < 1:
@@ -79,7 +80,8 @@ def run_tiled(run: Callable, x, plan: TilePlan | None, *, h_axis: int, concat: C
     concat(arrays, axis) and as_array(numpy float64 array, like) are the framework's.
     """
     height, width = x.shape[h_axis], x.shape[h_axis + 1]
-    if plan is None or (height <= plan.tile[0] and width <= plan.tile[1]):
+    limit = plan and (plan.untiled_max or plan.tile)
+    if plan is None or (height <= limit[0] and width <= limit[1]):
         return run(x)
     (tile_h, tile_w), (stride_h, stride_w) = plan.tile, plan.stride
     above, kept_rows = None, []

@@ -67,14 +67,48 @@ class WanVAEConfig(DiffusersConfig):
     scale_factor_spatial: int | None = 8
 
     class_name = "AutoencoderKLWan"
+    retired_fields = ("clip_output",)  # in Wan 2.2's published config; diffusers dropped the option
 
     def ensure_supported(self):
-        if self.is_residual or self.patch_size is not None:
-            raise ConfigError(
-                "config.json describes a Wan 2.2 VAE (is_residual / patch_size); only Wan 2.1 is supported"
-            )
         if len(self.temperal_downsample) != len(self.dim_mult) - 1:
             raise ConfigError("config.json: temperal_downsample needs one entry per dim_mult level but the last")
+        patch_area = self.patch * self.patch
+        if self.in_channels % patch_area or self.out_channels % patch_area:
+            raise ConfigError(f"config.json: in_channels and out_channels must be multiples of patch_size**2 ({patch_area})")
+        if self.is_residual:
+            self._ensure_shortcuts_fit()
+
+    def _ensure_shortcuts_fit(self):
+        """The residual blocks' parameter-free shortcuts regroup channels: each level's widths must divide evenly."""
+        dims = [self.base_dim * u for u in (1, *self.dim_mult)]
+        decoder_dims = [self.decoder_width * u for u in (self.dim_mult[-1], *self.dim_mult[::-1])]
+        for i in range(len(self.dim_mult)):
+            last = i == len(self.dim_mult) - 1
+            down = 1 if last else 4 * (2 if self.temperal_downsample[i] else 1)
+            up = 0 if last else 4 * (2 if self.temperal_upsample[i] else 1)  # the last up block has no shortcut
+            if (dims[i] * down) % dims[i + 1] or (decoder_dims[i + 1] * up) % decoder_dims[i]:
+                raise ConfigError(
+                    f"config.json: with is_residual, level {i}'s widths do not regroup evenly "
+                    f"(encoder {dims[i]} -> {dims[i + 1]}, decoder {decoder_dims[i]} -> {decoder_dims[i + 1]})"
+                )
+
+    @property
+    def variant(self) -> str:
+        return "Wan 2.2 VAE" if self.is_residual else "Wan 2.1 VAE"
+
+    @property
+    def patch(self) -> int:
+        """The side of the pixel patches folded into channels (1: none)."""
+        return self.patch_size or 1
+
+    @property
+    def video_channels(self) -> int:
+        """Channels of the videos encoded and decoded; in_channels counts them after patchify."""
+        return self.in_channels // (self.patch * self.patch)
+
+    @property
+    def decoder_width(self) -> int:
+        return self.decoder_base_dim or self.base_dim
 
     @property
     def temperal_upsample(self) -> tuple[bool, ...]:
@@ -101,27 +135,36 @@ class WanTiling:
     tile_sample_stride_width: int = 192
 
     def plans(self, config: WanVAEConfig) -> dict[str, TilePlan]:
-        ratio = config.scale_factor_spatial  # diffusers' spatial_compression_ratio, as it uses it
+        """Both directions tile the patchified video (Wan 2.2), as diffusers does: the pixel sizes below then count
+        patches, except that encoding starts tiling once the unpatchified frame exceeds one tile."""
+        ratio, patch = config.scale_factor_spatial, config.patch  # diffusers' spatial_compression_ratio
+        encode_ratio = ratio // patch
         sample_min = (self.tile_sample_min_height, self.tile_sample_min_width)
         sample_stride = (self.tile_sample_stride_height, self.tile_sample_stride_width)
-        latent_min = tuple(s // ratio for s in sample_min)
-        latent_stride = tuple(s // ratio for s in sample_stride)
+        decoded_min, decoded_stride = _div(sample_min, patch), _div(sample_stride, patch)
+        latent_min, latent_stride = _div(sample_min, ratio), _div(sample_stride, ratio)
+        encoded_min, encoded_stride = _div(sample_min, encode_ratio), _div(sample_stride, encode_ratio)
         return {
             "decoder": TilePlan(
                 latent_min,
                 latent_stride,
-                blend=_minus(sample_min, sample_stride),
-                keep=sample_stride,
-                crop_scale=(ratio, 1),
+                blend=_minus(decoded_min, decoded_stride),
+                keep=decoded_stride,
+                crop_scale=(ratio, patch),
             ),
             "encoder": TilePlan(
                 sample_min,
                 sample_stride,
-                blend=_minus(latent_min, latent_stride),
-                keep=latent_stride,
-                crop_scale=(1, ratio),
+                blend=_minus(encoded_min, encoded_stride),
+                keep=encoded_stride,
+                crop_scale=(1, encode_ratio),
+                untiled_max=_div(sample_min, patch),
             ),
         }
+
+
+def _div(a: tuple[int, int], n: int) -> tuple[int, int]:
+    return (a[0] // n, a[1] // n)
 
 
 def _minus(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:

@@ -1,4 +1,4 @@
-"""Wan 2.1 video VAE (diffusers' `AutoencoderKLWan`) in PyTorch, channels-first, written to run under torchax.
+"""Wan 2.1 and 2.2 video VAEs (diffusers' `AutoencoderKLWan`) in PyTorch, channels-first, written to run under torchax.
 
 Parameter names and shapes are diffusers' own, so `AutoencoderKLWan.from_pretrained` reads what this model saves,
 and `encode(x).latent_dist` / `decode(z).sample` behave the same. It runs in plain PyTorch (the converter's
@@ -62,12 +62,50 @@ class WanUpsample(nn.Module):
         return x.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
 
 
+class AvgDown3D(nn.Module):
+    """Parameter-free shortcut of a Wan 2.2 down block: folds factor_t frames and factor_s x factor_s pixels into
+    channels and averages consecutive groups of them down to out_channels. A chunk whose frame count is not a
+    multiple of factor_t gets zero frames in front."""
+
+    def __init__(self, in_channels, out_channels, factor_t, factor_s=1):
+        super().__init__()
+        self.out_channels, self.factor_t, self.factor_s = out_channels, factor_t, factor_s
+        self.group_size = in_channels * factor_t * factor_s * factor_s // out_channels
+
+    def forward(self, x):
+        ft, fs = self.factor_t, self.factor_s
+        x = F.pad(x, (0, 0, 0, 0, (-x.shape[2]) % ft, 0))
+        b, c, t, h, w = x.shape
+        x = x.reshape(b, c, t // ft, ft, h // fs, fs, w // fs, fs).permute(0, 1, 3, 5, 7, 2, 4, 6)
+        # (B, C, ft, fs, fs, T/ft, H/fs, W/fs) -> (B, out, group, ...) -> mean over each group
+        return x.reshape(b, self.out_channels, self.group_size, t // ft, h // fs, w // fs).mean(dim=2)
+
+
+class DupUp3D(nn.Module):
+    """Parameter-free shortcut of a Wan 2.2 up block, the inverse regrouping of AvgDown3D: repeats channels, then
+    unfolds them into factor_t frames and factor_s x factor_s pixels. The first chunk keeps only its last frame."""
+
+    def __init__(self, in_channels, out_channels, factor_t, factor_s=1):
+        super().__init__()
+        self.out_channels, self.factor_t, self.factor_s = out_channels, factor_t, factor_s
+        self.repeats = out_channels * factor_t * factor_s * factor_s // in_channels
+
+    def forward(self, x, first_chunk=False):
+        ft, fs = self.factor_t, self.factor_s
+        b, _, t, h, w = x.shape
+        x = x.repeat_interleave(self.repeats, dim=1).reshape(b, self.out_channels, ft, fs, fs, t, h, w)
+        # (B, out, ft, fs, fs, T, H, W) -> (B, out, T, ft, H, fs, W, fs)
+        x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, self.out_channels, t * ft, h * fs, w * fs)
+        return x[:, :, ft - 1 :] if first_chunk else x
+
+
 class WanResample(nn.Module):
-    def __init__(self, dim, mode):
+    def __init__(self, dim, mode, upsample_out_dim=None):
         super().__init__()
         self.mode = mode
         if mode in ("upsample2d", "upsample3d"):
-            self.resample = nn.Sequential(WanUpsample(), nn.Conv2d(dim, dim // 2, 3, padding=1))
+            out_dim = upsample_out_dim or dim // 2
+            self.resample = nn.Sequential(WanUpsample(), nn.Conv2d(dim, out_dim, 3, padding=1))
         else:
             self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=(2, 2)))
         if mode == "upsample3d":
@@ -148,6 +186,29 @@ class WanMidBlock(nn.Module):
         return x, {"resnets": new}
 
 
+class WanResidualDownBlock(nn.Module):
+    """Wan 2.2: residual blocks and an optional downsampler, plus the parameter-free AvgDown3D shortcut."""
+
+    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_downsample=False, down_flag=False):
+        super().__init__()
+        self.avg_shortcut = AvgDown3D(in_dim, out_dim, 2 if temperal_downsample else 1, 2 if down_flag else 1)
+        self.resnets = nn.ModuleList(
+            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim) for i in range(num_res_blocks)]
+        )
+        self.downsampler = None
+        if down_flag:
+            self.downsampler = WanResample(out_dim, "downsample3d" if temperal_downsample else "downsample2d")
+
+    def forward(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        shortcut = self.avg_shortcut(x)
+        x, new["resnets"] = run_cached(self.resnets, x, cache.get("resnets"))
+        if self.downsampler is not None:
+            x, new["downsampler"] = self.downsampler(x, cache.get("downsampler"))
+        return x + shortcut, new
+
+
 class WanEncoder3d(nn.Module):
     def __init__(self, config: WanVAEConfig):
         super().__init__()
@@ -156,12 +217,19 @@ class WanEncoder3d(nn.Module):
         self.conv_in = WanCausalConv3d(config.in_channels, dims[0], 3, padding=1)
         self.down_blocks = nn.ModuleList()
         for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            down_flag = i != len(config.dim_mult) - 1
+            if config.is_residual:
+                temporal = down_flag and config.temperal_downsample[i]
+                self.down_blocks.append(
+                    WanResidualDownBlock(in_dim, out_dim, config.num_res_blocks, temporal, down_flag)
+                )
+                continue
             for _ in range(config.num_res_blocks):
                 self.down_blocks.append(WanResidualBlock(in_dim, out_dim))
                 if scale in config.attn_scales:
                     self.down_blocks.append(WanAttentionBlock(out_dim))
                 in_dim = out_dim
-            if i != len(config.dim_mult) - 1:
+            if down_flag:
                 mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
                 self.down_blocks.append(WanResample(out_dim, mode))
                 scale /= 2.0
@@ -195,21 +263,50 @@ class WanUpBlock(nn.Module):
         return x, new
 
 
+class WanResidualUpBlock(nn.Module):
+    """Wan 2.2: residual blocks and an optional upsampler that keeps the width, plus the parameter-free DupUp3D
+    shortcut (only where it upsamples)."""
+
+    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_upsample=False, up_flag=False):
+        super().__init__()
+        self.avg_shortcut = DupUp3D(in_dim, out_dim, 2 if temperal_upsample else 1, 2) if up_flag else None
+        self.resnets = nn.ModuleList(
+            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim) for i in range(num_res_blocks + 1)]
+        )
+        self.upsampler = None
+        if up_flag:
+            mode = "upsample3d" if temperal_upsample else "upsample2d"
+            self.upsampler = WanResample(out_dim, mode, upsample_out_dim=out_dim)
+
+    def forward(self, x, cache=None):
+        first_chunk = cache is None
+        cache = cache or {}
+        new = {}
+        shortcut = x
+        x, new["resnets"] = run_cached(self.resnets, x, cache.get("resnets"))
+        if self.upsampler is not None:
+            x, new["upsampler"] = self.upsampler(x, cache.get("upsampler"))
+            x = x + self.avg_shortcut(shortcut, first_chunk)
+        return x, new
+
+
 class WanDecoder3d(nn.Module):
     def __init__(self, config: WanVAEConfig):
         super().__init__()
-        dim = config.decoder_base_dim or config.base_dim
         dim_mult = config.dim_mult
-        dims = [dim * u for u in (dim_mult[-1], *dim_mult[::-1])]
+        dims = [config.decoder_width * u for u in (dim_mult[-1], *dim_mult[::-1])]
         self.conv_in = WanCausalConv3d(config.z_dim, dims[0], 3, padding=1)
         self.mid_block = WanMidBlock(dims[0])
         self.up_blocks = nn.ModuleList()
         for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            up_flag = i != len(dim_mult) - 1
+            temporal = up_flag and config.temperal_upsample[i]
+            if config.is_residual:
+                self.up_blocks.append(WanResidualUpBlock(in_dim, out_dim, config.num_res_blocks, temporal, up_flag))
+                continue
             if i > 0:
                 in_dim = in_dim // 2  # the previous block's upsampler halved the channels
-            mode = None
-            if i != len(dim_mult) - 1:
-                mode = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
+            mode = ("upsample3d" if temporal else "upsample2d") if up_flag else None
             self.up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode))
         self.norm_out = WanRMS_norm(out_dim, images=False)
         self.conv_out = WanCausalConv3d(out_dim, config.out_channels, 3, padding=1)
@@ -222,6 +319,26 @@ class WanDecoder3d(nn.Module):
         x, new["up_blocks"] = run_cached(self.up_blocks, x, cache.get("up_blocks"))
         x, new["conv_out"] = self.conv_out(F.silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
+
+
+def patchify(x, patch):
+    """(B, C, T, H, W) -> (B, C*p*p, T, H/p, W/p). Channel c*p*p + j*p + i holds pixel (i, j) of each patch: the
+    pinned diffusers' order, width offset first."""
+    if patch == 1:
+        return x
+    b, c, t, h, w = x.shape
+    x = x.reshape(b, c, t, h // patch, patch, w // patch, patch)  # (B, C, T, H/p, i, W/p, j)
+    return x.permute(0, 1, 6, 4, 2, 3, 5).reshape(b, c * patch * patch, t, h // patch, w // patch)
+
+
+def unpatchify(x, patch):
+    """The inverse of `patchify`: (B, C*p*p, T, H, W) -> (B, C, T, H*p, W*p)."""
+    if patch == 1:
+        return x
+    b, c, t, h, w = x.shape
+    c //= patch * patch
+    x = x.reshape(b, c, patch, patch, t, h, w)  # (B, C, j, i, T, H, W)
+    return x.permute(0, 1, 4, 5, 3, 6, 2).reshape(b, c, t, h * patch, w * patch)
 
 
 class AutoencoderKLWan(ChunkedAutoencoder):
@@ -237,12 +354,17 @@ class AutoencoderKLWan(ChunkedAutoencoder):
 
     def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video; the first frame alone, then chunks of 4 (frames past the last are dropped).
-        `step` runs one chunk (see ChunkedAutoencoder.run_chunks)."""
-        expect_video(x, self.config.in_channels, channels_last=False, what="encode")
+        Wan 2.2 folds 2x2 pixel patches into channels first. `step` runs one chunk (see
+        ChunkedAutoencoder.run_chunks)."""
+        config = self.config
+        expect_video(x, config.video_channels, channels_last=False, what="encode", multiple=config.patch)
+        x = patchify(x, config.patch)
         moments = self.run_chunks("encoder", x, encode_chunks(x.shape[2]), step)
         return EncoderOutput(DiagonalGaussianDistribution(moments))
 
     def decode(self, z: torch.Tensor, step=None) -> DecoderOutput:
-        """(B, z_dim, T, H, W) latents -> (B, C, 1 + 4*(T-1), 8H, 8W) video in [-1, 1], one latent frame a step."""
+        """(B, z_dim, T, H, W) latents -> (B, C, 1 + 4*(T-1), sH, sW) video in [-1, 1] (s: scale_factor_spatial),
+        one latent frame a step."""
         expect_video(z, self.config.z_dim, channels_last=False, what="decode")
-        return DecoderOutput(self.run_chunks("decoder", z, decode_chunks(z.shape[2]), step).clamp(-1.0, 1.0))
+        out = self.run_chunks("decoder", z, decode_chunks(z.shape[2]), step)
+        return DecoderOutput(unpatchify(out, self.config.patch).clamp(-1.0, 1.0))

@@ -19,12 +19,12 @@ def _torch_model():
     return AutoencoderKLWan
 
 
-WAN21 = FamilySpec(
-    name="wan2.1",
+WAN = FamilySpec(
+    name="wan",
     config_class=WanVAEConfig,
     flax_model=_flax_model,
     torch_model=_torch_model,
-    mapping_file="wan2.1.yaml",
+    mapping_file="wan.yaml",
     models=(ModelName("wan2.1", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),),
     validation_latent_shape=lambda c: (1, c.z_dim, 3, 8, 8),
     validation_video_shape=lambda c: (1, c.in_channels, 5, 32, 32),
