@@ -74,7 +74,9 @@ class WanVAEConfig(DiffusersConfig):
             raise ConfigError("config.json: temperal_downsample needs one entry per dim_mult level but the last")
         patch_area = self.patch * self.patch
         if self.in_channels % patch_area or self.out_channels % patch_area:
-            raise ConfigError(f"config.json: in_channels and out_channels must be multiples of patch_size**2 ({patch_area})")
+            raise ConfigError(
+                f"config.json: in_channels and out_channels must be multiples of patch_size**2 ({patch_area})"
+            )
         if self.is_residual:
             self._ensure_shortcuts_fit()
 

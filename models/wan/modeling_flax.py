@@ -1,4 +1,4 @@
-"""Wan 2.1 video VAE (diffusers' `AutoencoderKLWan`) in Flax NNX, channels-last: videos are (B, T, H, W, C).
+"""Wan 2.1 and 2.2 video VAEs (diffusers' `AutoencoderKLWan`) in Flax NNX, channels-last: videos are (B, T, H, W, C).
 
 Read it beside diffusers' `autoencoder_kl_wan.py`: modules and parameters carry the same names. Two things differ:
 - The causal feature cache is explicit. Every cached block takes `cache` (None on the first chunk) and returns
@@ -69,12 +69,47 @@ class WanRMS_norm(nnx.Module):
         return normalized * self.scale * self.gamma[...]
 
 
+class AvgDown3D(nnx.Module):
+    """Parameter-free shortcut of a Wan 2.2 down block: folds factor_t frames and factor_s x factor_s pixels into
+    channels and averages consecutive groups of them down to out_channels. A chunk whose frame count is not a
+    multiple of factor_t gets zero frames in front."""
+
+    def __init__(self, in_channels, out_channels, factor_t, factor_s=1):
+        self.out_channels, self.factor_t, self.factor_s = out_channels, factor_t, factor_s
+        self.group_size = in_channels * factor_t * factor_s * factor_s // out_channels
+
+    def __call__(self, x):
+        ft, fs = self.factor_t, self.factor_s
+        x = jnp.pad(x, ((0, 0), ((-x.shape[1]) % ft, 0), (0, 0), (0, 0), (0, 0)))
+        b, t, h, w, c = x.shape
+        x = x.reshape(b, t // ft, ft, h // fs, fs, w // fs, fs, c).transpose(0, 1, 3, 5, 7, 2, 4, 6)
+        # (B, T/ft, H/fs, W/fs, C, ft, fs, fs): channels in diffusers' fold order -> mean over each group
+        return x.reshape(b, t // ft, h // fs, w // fs, self.out_channels, self.group_size).mean(axis=-1)
+
+
+class DupUp3D(nnx.Module):
+    """Parameter-free shortcut of a Wan 2.2 up block, the inverse regrouping of AvgDown3D: repeats channels, then
+    unfolds them into factor_t frames and factor_s x factor_s pixels. The first chunk keeps only its last frame."""
+
+    def __init__(self, in_channels, out_channels, factor_t, factor_s=1):
+        self.out_channels, self.factor_t, self.factor_s = out_channels, factor_t, factor_s
+        self.repeats = out_channels * factor_t * factor_s * factor_s // in_channels
+
+    def __call__(self, x, first_chunk=False):
+        ft, fs = self.factor_t, self.factor_s
+        b, t, h, w, _ = x.shape
+        x = jnp.repeat(x, self.repeats, axis=-1).reshape(b, t, h, w, self.out_channels, ft, fs, fs)
+        # (B, T, H, W, out, ft, fs, fs) -> (B, T, ft, H, fs, W, fs, out)
+        x = x.transpose(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, t * ft, h * fs, w * fs, self.out_channels)
+        return x[:, ft - 1 :] if first_chunk else x
+
+
 class WanResample(nnx.Module):
-    def __init__(self, dim, mode, *, rngs, param_dtype):
+    def __init__(self, dim, mode, *, rngs, param_dtype, upsample_out_dim=None):
         self.mode = mode
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         if mode in ("upsample2d", "upsample3d"):
-            self.resample = _conv(dim, dim // 2, (3, 3), padding=((1, 1), (1, 1)), **kw)
+            self.resample = _conv(dim, upsample_out_dim or dim // 2, (3, 3), padding=((1, 1), (1, 1)), **kw)
         else:  # diffusers: ZeroPad2d((0, 1, 0, 1)) then a 3x3 stride-2 conv
             self.resample = _conv(dim, dim, (3, 3), strides=(2, 2), padding=((0, 1), (0, 1)), **kw)
         if mode == "upsample3d":
@@ -153,6 +188,28 @@ class WanMidBlock(nnx.Module):
         return x, {"resnets": new}
 
 
+class WanResidualDownBlock(nnx.Module):
+    """Wan 2.2: residual blocks and an optional downsampler, plus the parameter-free AvgDown3D shortcut."""
+
+    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_downsample, down_flag, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.avg_shortcut = AvgDown3D(in_dim, out_dim, 2 if temperal_downsample else 1, 2 if down_flag else 1)
+        self.resnets = nnx.List(
+            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim, **kw) for i in range(num_res_blocks)]
+        )
+        mode = "downsample3d" if temperal_downsample else "downsample2d"
+        self.downsampler = WanResample(out_dim, mode, **kw) if down_flag else None
+
+    def __call__(self, x, cache=None):
+        cache = cache or {}
+        new = {}
+        shortcut = self.avg_shortcut(x)
+        x, new["resnets"] = run_cached(self.resnets, x, cache.get("resnets"))
+        if self.downsampler is not None:
+            x, new["downsampler"] = self.downsampler(x, cache.get("downsampler"))
+        return x + shortcut, new
+
+
 class WanEncoder3d(nnx.Module):
     def __init__(self, config: WanVAEConfig, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
@@ -161,12 +218,19 @@ class WanEncoder3d(nnx.Module):
         self.conv_in = WanCausalConv3d(config.in_channels, dims[0], 3, padding=1, **kw)
         down_blocks = []
         for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            down_flag = i != len(config.dim_mult) - 1
+            if config.is_residual:
+                temporal = down_flag and config.temperal_downsample[i]
+                down_blocks.append(
+                    WanResidualDownBlock(in_dim, out_dim, config.num_res_blocks, temporal, down_flag, **kw)
+                )
+                continue
             for _ in range(config.num_res_blocks):
                 down_blocks.append(WanResidualBlock(in_dim, out_dim, **kw))
                 if scale in config.attn_scales:
                     down_blocks.append(WanAttentionBlock(out_dim, **kw))
                 in_dim = out_dim
-            if i != len(config.dim_mult) - 1:
+            if down_flag:
                 mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
                 down_blocks.append(WanResample(out_dim, mode, **kw))
                 scale /= 2.0
@@ -201,21 +265,48 @@ class WanUpBlock(nnx.Module):
         return x, new
 
 
+class WanResidualUpBlock(nnx.Module):
+    """Wan 2.2: residual blocks and an optional upsampler that keeps the width, plus the parameter-free DupUp3D
+    shortcut (only where it upsamples)."""
+
+    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_upsample, up_flag, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.avg_shortcut = DupUp3D(in_dim, out_dim, 2 if temperal_upsample else 1, 2) if up_flag else None
+        self.resnets = nnx.List(
+            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim, **kw) for i in range(num_res_blocks + 1)]
+        )
+        mode = "upsample3d" if temperal_upsample else "upsample2d"
+        self.upsampler = WanResample(out_dim, mode, upsample_out_dim=out_dim, **kw) if up_flag else None
+
+    def __call__(self, x, cache=None):
+        first_chunk = cache is None
+        cache = cache or {}
+        new = {}
+        shortcut = x
+        x, new["resnets"] = run_cached(self.resnets, x, cache.get("resnets"))
+        if self.upsampler is not None:
+            x, new["upsampler"] = self.upsampler(x, cache.get("upsampler"))
+            x = x + self.avg_shortcut(shortcut, first_chunk)
+        return x, new
+
+
 class WanDecoder3d(nnx.Module):
     def __init__(self, config: WanVAEConfig, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        dim = config.decoder_base_dim or config.base_dim
         dim_mult = config.dim_mult
-        dims = [dim * u for u in (dim_mult[-1], *dim_mult[::-1])]
+        dims = [config.decoder_width * u for u in (dim_mult[-1], *dim_mult[::-1])]
         self.conv_in = WanCausalConv3d(config.z_dim, dims[0], 3, padding=1, **kw)
         self.mid_block = WanMidBlock(dims[0], **kw)
         up_blocks = []
         for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            up_flag = i != len(dim_mult) - 1
+            temporal = up_flag and config.temperal_upsample[i]
+            if config.is_residual:
+                up_blocks.append(WanResidualUpBlock(in_dim, out_dim, config.num_res_blocks, temporal, up_flag, **kw))
+                continue
             if i > 0:
                 in_dim = in_dim // 2  # the previous block's upsampler halved the channels
-            mode = None
-            if i != len(dim_mult) - 1:
-                mode = "upsample3d" if config.temperal_upsample[i] else "upsample2d"
+            mode = ("upsample3d" if temporal else "upsample2d") if up_flag else None
             up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode, **kw))
         self.up_blocks = nnx.List(up_blocks)
         self.norm_out = WanRMS_norm(out_dim, param_dtype=param_dtype)
@@ -231,6 +322,26 @@ class WanDecoder3d(nnx.Module):
         return x, new
 
 
+def patchify(x, patch):
+    """(B, T, H, W, C) -> (B, T, H/p, W/p, C*p*p). Channel c*p*p + j*p + i holds pixel (i, j) of each patch: the
+    pinned diffusers' order, width offset first."""
+    if patch == 1:
+        return x
+    b, t, h, w, c = x.shape
+    x = x.reshape(b, t, h // patch, patch, w // patch, patch, c)  # (B, T, H/p, i, W/p, j, C)
+    return x.transpose(0, 1, 2, 4, 6, 5, 3).reshape(b, t, h // patch, w // patch, c * patch * patch)
+
+
+def unpatchify(x, patch):
+    """The inverse of `patchify`: (B, T, H, W, C*p*p) -> (B, T, H*p, W*p, C)."""
+    if patch == 1:
+        return x
+    b, t, h, w, c = x.shape
+    c //= patch * patch
+    x = x.reshape(b, t, h, w, c, patch, patch)  # (B, T, H, W, C, j, i)
+    return x.transpose(0, 1, 2, 6, 3, 5, 4).reshape(b, t, h * patch, w * patch, c)
+
+
 class AutoencoderKLWan(TilingMixin, nnx.Module):
     tiling_class = WanTiling
 
@@ -243,17 +354,21 @@ class AutoencoderKLWan(TilingMixin, nnx.Module):
         self.decoder = WanDecoder3d(config, **kw)
 
     def encode(self, x, mesh=None):
-        """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)//4, H/8, W/8, z_dim).
+        """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)//4, H/s, W/s, z_dim), s the spatial factor.
 
-        Like diffusers: the first frame alone, then chunks of 4; frames past the last full chunk are dropped.
-        With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py).
+        Like diffusers: the first frame alone, then chunks of 4; frames past the last full chunk are dropped; Wan 2.2
+        folds 2x2 pixel patches into channels first. With a mesh ("dp", "tp"), batch and width are split over it
+        (models/common/sharding.py).
         """
-        expect_video(x, self.config.in_channels, channels_last=True, what="encode")
+        config = self.config
+        expect_video(x, config.video_channels, channels_last=True, what="encode", multiple=config.patch)
+        x = patchify(x, config.patch)
         mean, logvar = jnp.split(run_chunks(self, "encoder", x, encode_chunks(x.shape[1]), mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
     def decode(self, z, mesh=None):
-        """(B, T, H, W, z_dim) latents -> (B, 1 + 4*(T-1), 8H, 8W, C) video in [-1, 1], one latent frame a step.
-        With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py)."""
+        """(B, T, H, W, z_dim) latents -> (B, 1 + 4*(T-1), sH, sW, C) video in [-1, 1] (s: scale_factor_spatial), one
+        latent frame a step. With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py)."""
         expect_video(z, self.config.z_dim, channels_last=True, what="decode")
-        return jnp.clip(run_chunks(self, "decoder", z, decode_chunks(z.shape[1]), mesh), -1.0, 1.0)
+        out = run_chunks(self, "decoder", z, decode_chunks(z.shape[1]), mesh)
+        return jnp.clip(unpatchify(out, self.config.patch), -1.0, 1.0)

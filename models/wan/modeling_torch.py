@@ -195,9 +195,8 @@ class WanResidualDownBlock(nn.Module):
         self.resnets = nn.ModuleList(
             [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim) for i in range(num_res_blocks)]
         )
-        self.downsampler = None
-        if down_flag:
-            self.downsampler = WanResample(out_dim, "downsample3d" if temperal_downsample else "downsample2d")
+        mode = "downsample3d" if temperal_downsample else "downsample2d"
+        self.downsampler = WanResample(out_dim, mode) if down_flag else None
 
     def forward(self, x, cache=None):
         cache = cache or {}
@@ -273,10 +272,8 @@ class WanResidualUpBlock(nn.Module):
         self.resnets = nn.ModuleList(
             [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim) for i in range(num_res_blocks + 1)]
         )
-        self.upsampler = None
-        if up_flag:
-            mode = "upsample3d" if temperal_upsample else "upsample2d"
-            self.upsampler = WanResample(out_dim, mode, upsample_out_dim=out_dim)
+        mode = "upsample3d" if temperal_upsample else "upsample2d"
+        self.upsampler = WanResample(out_dim, mode, upsample_out_dim=out_dim) if up_flag else None
 
     def forward(self, x, cache=None):
         first_chunk = cache is None
