@@ -15,7 +15,7 @@ import click
 
 from converter import __version__
 from converter.errors import ConvertError, MappingError
-from converter.registry import MODELS, get_model
+from converter.registry import FAMILIES, MODELS, config_from_dict, get_model
 from converter.targets import TARGETS
 
 FORMAT_NAMES = tuple(dict.fromkeys(fmt for target in TARGETS.values() for fmt in target.formats))
@@ -188,19 +188,20 @@ def _publish(out, repo_id, private, revision, create_pr, commit_message, verbose
 
 @cli.command("list")
 def list_models():
-    """The model names MODEL takes, with their Hub repos and VAE classes."""
-    rows = [
-        (
-            m.name,
-            f"{m.repo_id} ({m.subfolder}/)",
-            m.family.class_name,
-            ", ".join(f"{k}={v}" for k, v in m.config.items()) or "defaults",
-        )
-        for m in MODELS.values()
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    """The model names MODEL takes: Hub repo, VAE, parameters and how pipelines scale its latents."""
+    from converter.targets import meta_torch
+
+    rows = [("MODEL", "HUB REPO (subfolder)", "VAE", "PARAMETERS", "LATENT SCALING")]
+    for family in FAMILIES.values():
+        for m in family.models:
+            config = config_from_dict(family, m.config)
+            parameters = sum(p.numel() for p in meta_torch(family, config).parameters())
+            name = m.name + (f" ({', '.join(m.aliases)})" if m.aliases else "")
+            repo = f"{m.repo_id} ({m.subfolder}/)"
+            rows.append((name, repo, config.variant, f"{parameters / 1e6:.1f}M", config.latent_scaling))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
-        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[3])
+        click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
 
 
 @cli.command("random-checkpoint")

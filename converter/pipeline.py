@@ -18,7 +18,7 @@ import numpy as np
 from converter import __version__, mapping, sources, validate
 from converter.errors import InputError, MappingError, OutputError, ValidationError
 from converter.output import MANIFEST, TOOL, OutputFolder, write_json
-from converter.registry import FAMILIES, ModelEntry, command_for, config_from_dict, family_for_class
+from converter.registry import FAMILIES, ModelEntry, command_for, config_from_dict, family_for_class, model_for
 from converter.targets import DTYPES, Target, load_output, meta_torch
 
 
@@ -76,6 +76,12 @@ class Plan:
     mapping_path: Path
     leaf_shapes: dict
     assignments: list
+    ignored_config_keys: list[str]  # retired keys config.json carries (the pinned diffusers ignores them too)
+
+    def ignored_line(self) -> str | None:
+        if not self.ignored_config_keys:
+            return None
+        return f"config.json: ignoring {', '.join(self.ignored_config_keys)} (the pinned diffusers no longer takes it)"
 
 
 def dry_run(req: Request) -> str:
@@ -105,6 +111,7 @@ def dry_run(req: Request) -> str:
     if refusal:
         lines.append(f"  ✗ {refusal}: a conversion would stop here")
     if plan is not None:
+        lines += [plan.ignored_line()] if plan.ignored_line() else []
         lines.append(
             f"plan: {len(plan.assignments)} tensors, every key mapped to a {req.target.name} leaf "
             f"({req.target.weight_files[req.fmt]})"
@@ -118,6 +125,17 @@ def refuse_other_family(entry: ModelEntry, raw: dict):
         looks = family_for_class(class_name)
         hint = f" (a {looks.name} checkpoint: try `{command_for(looks)}`)" if looks else ""
         raise InputError(f"config.json is for {class_name}, not {entry.family.class_name}{hint}")
+
+
+def refuse_other_variant(entry: ModelEntry, config):
+    """A checkpoint of one variant of the family (Wan 2.2's VAE) named as another (wan2.1) is a mistake: the model
+    name says which VAE the user holds."""
+    named = config_from_dict(entry.family, entry.config).variant
+    if config.variant != named:
+        fits = model_for(entry.family, config)
+        raise InputError(
+            f"the checkpoint is a {config.variant}, but {entry.name} names a {named}: try `vae-convert {fits.name}`"
+        )
 
 
 def choose_dtype(requested: str, weights: sources.SourceWeights, say: Callable[[str], None]) -> np.dtype:
@@ -214,12 +232,14 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     weights = sources.SourceWeights.open(source.weight_files)
     refuse_other_family(req.model, source.config)
     config = config_from_dict(family, source.config)
+    refuse_other_variant(req.model, config)
     ensure_weights_fit_config(family, config, weights)
     mapping_path, rules = load_family_mapping(req)
     leaf_shapes = req.target.leaf_shapes(family, config)
     source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
     assignments = mapping.plan(rules, req.target.name, source_shapes, leaf_shapes)
-    return Plan(weights, config, mapping_path, leaf_shapes, assignments)
+    ignored = family.config_class.ignored_fields(source.config)
+    return Plan(weights, config, mapping_path, leaf_shapes, assignments, ignored)
 
 
 def convert(req: Request) -> Summary:
@@ -232,6 +252,8 @@ def convert(req: Request) -> Summary:
     source = sources.resolve(req.model, req.source, req.revision, req.offline)
     folder.check_not_source(source.protected)
     plan = make_plan(req, source)
+    if plan.ignored_line():
+        req.say(plan.ignored_line())
     dtype = choose_dtype(req.dtype, plan.weights, req.say)
 
     with folder as work:
@@ -252,6 +274,8 @@ def convert(req: Request) -> Summary:
         specs = {a.target_key: (plan.leaf_shapes[a.target_key], dtype) for a in plan.assignments}
         nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest)
         manifest["source"] = provenance()
+        if plan.ignored_config_keys:
+            manifest["config_ignored"] = plan.ignored_config_keys
         write_json(work / "config.json", plan.config.to_dict())
         write_json(work / MANIFEST, manifest)
         comparisons = _validate(req, plan, dtype, work, manifest, folder.out)

@@ -11,7 +11,7 @@ import numpy as np
 
 from converter.errors import OutputError
 from converter.output import OutputFolder
-from converter.registry import ModelEntry, config_from_dict
+from converter.registry import ModelEntry, config_from_dict, small_config
 from converter.safetensors_io import SafetensorsWriter
 from converter.sources import WEIGHTS_NAME
 
@@ -21,7 +21,7 @@ def write_random_checkpoint(entry: ModelEntry, out: Path, small: bool, seed: int
     import torch
 
     family = entry.family
-    config = config_from_dict(family, {**entry.config, **(family.small_configs["default-arch"] if small else {})})
+    config = config_from_dict(family, {**entry.config, **small_config(entry)} if small else entry.config)
     folder = OutputFolder(out, force=False)
     if folder.out.exists():
         raise OutputError(f"{folder.out} exists; choose a new folder")

@@ -27,9 +27,10 @@ class ModelEntry:
 
 
 MODELS: dict[str, ModelEntry] = {
-    m.name: ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
+    name: ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
     for family in FAMILIES.values()
     for m in family.models
+    for name in (m.name, *m.aliases)
 }
 
 
@@ -39,6 +40,20 @@ def config_from_dict(family: FamilySpec, raw: dict):
         return family.config_class.from_dict(raw)
     except ConfigError as e:
         raise InputError(str(e)) from None
+
+
+def small_config(entry: ModelEntry) -> dict:
+    """The family's first small widths of the same variant as `entry` (`random-checkpoint --small`)."""
+    family = entry.family
+    variant = family.config_class.from_dict(entry.config).variant
+    return next(c for c in family.small_configs.values() if family.config_class.from_dict(c).variant == variant)
+
+
+def model_for(family: FamilySpec, config) -> ModelEntry:
+    """The family's first model name of `config`'s variant."""
+    return next(
+        MODELS[m.name] for m in family.models if family.config_class.from_dict(m.config).variant == config.variant
+    )
 
 
 def configs_to_check(family: FamilySpec) -> list[tuple[str, dict]]:

@@ -37,6 +37,14 @@ class CogVideoXVAEConfig(DiffusersConfig):
 
     class_name = "AutoencoderKLCogVideoX"
 
+    @property
+    def variant(self) -> str:
+        return "CogVideoX VAE"
+
+    @property
+    def latent_scaling(self) -> str:
+        return f"scaling_factor {self.scaling_factor}" + (", inverted" if self.invert_scale_latents else "")
+
     def ensure_supported(self):
         if self.act_fn not in ("silu", "swish"):
             raise ConfigError(f"config.json: act_fn {self.act_fn!r} is not supported (silu only)")

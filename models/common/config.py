@@ -49,6 +49,11 @@ class DiffusersConfig:
         pass
 
     @property
+    def latent_scaling(self) -> str:
+        """How a pipeline scales this VAE's latents, in words (`vae-convert list`)."""
+        raise NotImplementedError
+
+    @property
     def variant(self) -> str:
         """What users call this architecture (`vae-convert list` shows it; a model name must fit it)."""
         return self.class_name

@@ -18,6 +18,7 @@ class ModelName:
     subfolder: str = "vae"
     revision: str = "main"
     config: dict = dataclasses.field(default_factory=dict)  # what differs from the family's defaults
+    aliases: tuple[str, ...] = ()  # other names users type for it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,8 +33,9 @@ class FamilySpec:
     # (config) -> shapes of the validation inputs, channels-first: latent (B, z, T, H, W), video (B, C, T, H, W)
     validation_latent_shape: Callable
     validation_video_shape: Callable
-    # Small widths: "default-arch" is the default architecture at small widths (tests, `random-checkpoint --small`,
-    # the benchmark's smoke mode); the others change the structure. Tests compare each against diffusers.
+    # Small widths: "default-arch" is the default architecture at small widths (tests, the benchmark's smoke mode);
+    # the others change the structure. `random-checkpoint --small` takes the first one of the model's variant.
+    # Tests compare each against diffusers.
     small_configs: dict[str, dict]
     # Frame counts the parity tests decode (latent frames) and encode (video frames): where the causal cache and the
     # frame batching show.

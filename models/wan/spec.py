@@ -4,7 +4,7 @@ validation shapes and the small widths tests use."""
 from __future__ import annotations
 
 from ..common.spec import FamilySpec, ModelName
-from .config import WanVAEConfig
+from .config import WAN22_CONFIG, WanVAEConfig
 
 
 def _flax_model():
@@ -25,7 +25,20 @@ WAN = FamilySpec(
     flax_model=_flax_model,
     torch_model=_torch_model,
     mapping_file="wan.yaml",
-    models=(ModelName("wan2.1", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"),),
+    # Every Wan diffusers repo that ships a VAE: the Wan 2.1 models and Wan 2.2's A14B models carry the Wan 2.1 VAE,
+    # Wan 2.2 TI2V-5B its own. (README: which repo ids were verified.)
+    models=(
+        ModelName("wan2.1", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", aliases=("wan2.1-t2v-1.3b",)),
+        ModelName("wan2.1-t2v-14b", "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+        ModelName("wan2.1-i2v-14b-480p", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"),
+        ModelName("wan2.1-i2v-14b-720p", "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"),
+        ModelName("wan2.1-flf2v-14b-720p", "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers"),
+        ModelName("wan2.1-vace-1.3b", "Wan-AI/Wan2.1-VACE-1.3B-diffusers"),
+        ModelName("wan2.1-vace-14b", "Wan-AI/Wan2.1-VACE-14B-diffusers"),
+        ModelName("wan2.2", "Wan-AI/Wan2.2-TI2V-5B-Diffusers", config=WAN22_CONFIG, aliases=("wan2.2-ti2v-5b",)),
+        ModelName("wan2.2-t2v-a14b", "Wan-AI/Wan2.2-T2V-A14B-Diffusers"),
+        ModelName("wan2.2-i2v-a14b", "Wan-AI/Wan2.2-I2V-A14B-Diffusers"),
+    ),
     # Wan 2.2 decodes each latent pixel into 16x16: a smaller latent keeps its validation as quick as 2.1's
     validation_latent_shape=lambda c: (1, c.z_dim, 3, 8 // c.patch, 8 // c.patch),
     validation_video_shape=lambda c: (1, c.video_channels, 5, 32, 32),
@@ -42,6 +55,28 @@ WAN = FamilySpec(
             temperal_downsample=[True, False],
             latents_mean=[0.0] * 8,
             latents_std=[1.0] * 8,
+        ),
+        # Wan 2.2's layout (residual blocks, 2x2 patches, decoder wider than encoder) at small widths: 4 levels with
+        # its temporal downsampling, then 3 levels downsampling time first
+        "wan2.2-layout": dict(
+            WAN22_CONFIG,
+            base_dim=8,
+            decoder_base_dim=12,
+            z_dim=4,
+            num_res_blocks=1,
+            latents_mean=[0.0] * 4,
+            latents_std=[1.0] * 4,
+        ),
+        "wan2.2-3-levels": dict(
+            WAN22_CONFIG,
+            base_dim=8,
+            decoder_base_dim=16,
+            z_dim=4,
+            dim_mult=[1, 2, 2],
+            temperal_downsample=[True, False],
+            scale_factor_spatial=8,
+            latents_mean=[0.0] * 4,
+            latents_std=[1.0] * 4,
         ),
     },
     parity_frames=((1, 2, 5), (1, 5, 9)),
