@@ -10,21 +10,21 @@ import pytest
 import torch
 
 import converter
-from converter.registry import FAMILIES
+from converter.registry import FAMILIES, model_for
 from tests.helpers import converted_by_cli, run_cli, runner, save_diffusers
 
 ATOL = 1e-4
 LATENT_SIZE, VIDEO_SIZE = 4, 16
-# Every family's small configs, under the family's first model name: the cases come from the registry.
+# Every family's small configs, each under the first model name of its variant: the cases come from the registry.
 CASES = {f"{family.name}-{which}": (family, which) for family in FAMILIES.values() for which in family.small_configs}
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(request, tmp_path_factory):
     family, which = CASES[request.param]
-    reference, models = converted_by_cli(
-        family.models[0].name, family.small_configs[which], tmp_path_factory.mktemp(request.param)
-    )
+    config = family.small_configs[which]
+    model = model_for(family, family.config_class.from_dict(config))
+    reference, models = converted_by_cli(model.name, config, tmp_path_factory.mktemp(request.param))
     return family, reference, {target: runner(target, model) for target, model in models.items()}
 
 

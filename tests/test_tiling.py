@@ -11,8 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from converter.registry import FAMILIES
-from tests.helpers import compiled_steps, converted_by_cli, runner
+from tests.helpers import compiled_steps, converted_by_cli, family_of, runner
 
 ATOL = 1e-4
 
@@ -20,6 +19,7 @@ ATOL = 1e-4
 @dataclasses.dataclass(frozen=True)
 class Case:
     model: str
+    small: str  # which of the family's small configs
     tiling: dict  # enable_tiling keywords, the same for diffusers and for us
     latent: tuple[int, int, int]  # (T, H, W)
     video: tuple[int, int, int]
@@ -30,6 +30,7 @@ CASES = {
     # 4-latent tiles every 3: rows and columns of 4, 4, 1; the output cropped to 8x the input
     "wan2.1": Case(
         "wan2.1",
+        "default-arch",
         dict(
             tile_sample_min_height=32,
             tile_sample_min_width=32,
@@ -44,10 +45,26 @@ CASES = {
     # within a tile and reset between tiles is the same shared code as Wan's, which has two steps a tile)
     "cogvideox": Case(
         "cogvideox-2b",
+        "default-arch",
         dict(tile_sample_min_height=48, tile_sample_min_width=40),
         latent=(3, 8, 9),
         video=(9, 64, 72),
         decode_steps=1,
+    ),
+    # Wan 2.2 tiles the patchified video: 4-latent tiles every 3 (16x each), and encoder tiles of 64 patches every 48.
+    # The 128-pixel video is 64 patches, one tile's worth, yet diffusers tiles it: the unpatchified size exceeds 64.
+    "wan2.2": Case(
+        "wan2.2",
+        "wan2.2-layout",
+        dict(
+            tile_sample_min_height=64,
+            tile_sample_min_width=64,
+            tile_sample_stride_height=48,
+            tile_sample_stride_width=48,
+        ),
+        latent=(2, 7, 7),
+        video=(5, 128, 128),
+        decode_steps=2,
     ),
 }
 
@@ -55,7 +72,7 @@ CASES = {
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(request, tmp_path_factory):
     case = CASES[request.param]
-    config = FAMILIES[request.param].small_configs["default-arch"]
+    config = family_of(case.model).small_configs[case.small]
     reference, models = converted_by_cli(case.model, config, tmp_path_factory.mktemp(request.param), "--no-validate")
     for model in models.values():
         model.enable_tiling(**case.tiling)
