@@ -6,6 +6,7 @@ Each family's spec lives beside its implementations (models/<family>/spec.py); a
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from converter.errors import InputError
 from converter.models.cogvideox.spec import COGVIDEOX
@@ -57,8 +58,12 @@ def model_for(family: FamilySpec, config) -> ModelEntry:
 
 
 def configs_to_check(family: FamilySpec) -> list[tuple[str, dict]]:
-    """Every config a family's mapping must hold for: each named model's, then the family's extra ones."""
-    return [(m.name, m.config) for m in family.models] + list(family.check_configs)
+    """Every distinct config a family's mapping must hold for: the named models' (each config once, under its first
+    name), then the family's extra ones."""
+    distinct = {}
+    for m in family.models:
+        distinct.setdefault(json.dumps(m.config, sort_keys=True), (m.name, m.config))
+    return list(distinct.values()) + list(family.check_configs)
 
 
 def get_model(name: str) -> ModelEntry:

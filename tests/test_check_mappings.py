@@ -37,7 +37,8 @@ def test_real_mappings_are_clean_in_text_and_json():
     assert {m["file"].rsplit("/", 1)[1] for m in report["mappings"]} == {"wan.yaml", "cogvideox.yaml"}
     wan = next(m for m in report["mappings"] if m["file"].endswith("wan.yaml"))
     flax = next(t for t in wan["targets"] if t["target"] == "flax")
-    assert set(flax["configs"]) == {"wan2.1", "wan2.1-variant"}
+    # each distinct VAE once (the Wan 2.1 VAE under its first name), and the extra variants
+    assert set(flax["configs"]) == {"wan2.1", "wan2.2", "wan2.1-variant", "wan2.2-variant"}
     assert all(sum(rule["hits"].values()) > 0 for rule in flax["rules"])
 
 

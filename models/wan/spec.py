@@ -94,6 +94,21 @@ WAN = FamilySpec(
                 temperal_downsample=[True, False],
             ),
         ),
+        # Wan 2.2's residual layout at 3 levels, downsampling time first, 1 res block
+        (
+            "wan2.2-variant",
+            dict(
+                WAN22_CONFIG,
+                base_dim=8,
+                decoder_base_dim=16,
+                z_dim=8,
+                dim_mult=[1, 2, 2],
+                num_res_blocks=1,
+                temperal_downsample=[True, False],
+                latents_mean=[0.0] * 8,
+                latents_std=[1.0] * 8,
+            ),
+        ),
     ),
     clamps_output=True,
 )
