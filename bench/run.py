@@ -1,11 +1,11 @@
 """One command that measures conversion, loading, decode and encode, and writes a Markdown table and JSON.
 
-    python -m bench.run                 # full-size Wan 2.1 and CogVideoX (random weights), about 7 min on 2 cores
+    python -m bench.run                 # full-size Wan 2.1, Wan 2.2 and CogVideoX (random weights)
     python -m bench.run --smoke         # small widths, for the test suite (under a minute)
 
 Every measurement runs in a fresh process, so peak memory and first-call (compile) times are its own. Checkpoints
 are made with `vae-convert random-checkpoint` (the real architectures, random weights): timings do not depend on the
-values. The models measured are each registered family's first model name (converter/registry.py).
+values. The models measured are the first model name of each VAE variant (converter/registry.py).
 """
 
 from __future__ import annotations
@@ -25,21 +25,24 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def cases(smoke: bool) -> dict:
-    """model -> (latent for decode, video for encode), channels-first: each family's first model with its validation
-    frame counts at 8x8 latents (64x64 pixels); smoke: the first family at small widths and 4x4 latents."""
-    from converter.registry import FAMILIES, config_from_dict
+    """model -> (latent for decode, video for encode), channels-first: the first model of each variant (Wan 2.1, Wan
+    2.2, CogVideoX) with its validation latent and 64x64-pixel videos of its validation frame count; smoke: the first
+    model at small widths, 4x4 latents and 32x32 videos."""
+    from converter.registry import FAMILIES, MODELS, config_from_dict, small_config
 
-    result = {}
-    for family in list(FAMILIES.values())[:1] if smoke else FAMILIES.values():
-        entry = family.models[0]
-        config = config_from_dict(family, {**entry.config, **(family.small_configs["default-arch"] if smoke else {})})
-        size = 4 if smoke else 8
-        batch, channels, frames = family.validation_latent_shape(config)[:3]
-        video_batch, colors, video_frames = family.validation_video_shape(config)[:3]
-        result[entry.name] = (
-            (batch, channels, frames, size, size),
-            (video_batch, colors, video_frames, 8 * size, 8 * size),
-        )
+    result, variants = {}, set()
+    for family in FAMILIES.values():
+        for name in family.models:
+            entry = MODELS[name.name]
+            config = config_from_dict(family, {**entry.config, **(small_config(entry) if smoke else {})})
+            if config.variant in variants or (smoke and result):
+                continue
+            variants.add(config.variant)
+            latent = list(family.validation_latent_shape(config))
+            video = list(family.validation_video_shape(config))
+            latent[3:] = [4, 4] if smoke else latent[3:]
+            video[3:] = [32, 32] if smoke else [64, 64]
+            result[entry.name] = (tuple(latent), tuple(video))
     return result
 
 

@@ -1,5 +1,5 @@
 """The `vae-convert` command, and the only module that prints. `vae-convert MODEL --to TARGET --out DIR` converts
-(MODEL is a name from `vae-convert list`); other subcommands: publish, list, check-mappings, random-checkpoint.
+(MODEL is a name from `vae-convert list`); other subcommands: publish, info, list, check-mappings, random-checkpoint.
 
 Every failure is one line on stderr and a documented exit code (converter/errors.py); exit 1 is kept for bugs, whose
 traceback goes to a file the message names."""
@@ -184,6 +184,48 @@ def _publish(out, repo_id, private, revision, create_pr, commit_message, verbose
 
     url = _guarded(lambda: upload(out, repo_id, private, revision, create_pr, commit_message), verbose)
     click.echo(f"✓ published {out} -> {url}")
+
+
+@cli.command()
+@click.argument("out", type=click.Path(path_type=Path), metavar="DIR")
+@click.option("--json", "as_json", is_flag=True, help="The manifest (vae_convert.json) as JSON on stdout.")
+def info(out, as_json):
+    """What a converted output DIR holds: model, target, dtype, source, mapping, tool and its validation."""
+    import json
+
+    from converter.output import read_manifest
+
+    manifest = _guarded(lambda: read_manifest(out.expanduser().absolute()), False)
+    click.echo(json.dumps(manifest, indent=2) if as_json else _describe_output(manifest))
+
+
+def _describe_output(manifest: dict) -> str:
+    from converter.validate import Comparison
+
+    source = manifest.get("source", {})
+    if "revision" in source:
+        origin = f"{source['origin']} (Hub) at commit {source['revision']}"
+    else:
+        digests = source.get("sha256", {})
+        origin = f"{source.get('origin')} (local)" + "".join(f"\n  {f}  sha256 {d}" for f, d in digests.items())
+    mapping = manifest.get("mapping", {})
+    lines = [
+        f"model:    {manifest.get('model')} (family {manifest.get('family')})",
+        f"target:   {manifest.get('target')} ({manifest.get('format')}), dtype {manifest.get('dtype')}",
+        f"source:   {origin}",
+        f"mapping:  {mapping.get('file')} sha256 {mapping.get('sha256')}",
+        f"tool:     {manifest.get('tool')} {manifest.get('version')}",
+    ]
+    if manifest.get("config_ignored"):
+        lines.append(f"config:   ignored {', '.join(manifest['config_ignored'])}")
+    validation = manifest.get("validation")
+    if validation is None:
+        lines.append("validation: not run (--no-validate)")
+    else:
+        verdict = "passed" if validation["ok"] else "FAILED (kept with --keep-invalid)"
+        lines.append(f"validation: {verdict}, tolerance {validation['rtol']:.0e} x max(1, max |reference|)")
+        lines += [Comparison.from_dict(c).line() for c in validation["checks"]]
+    return "\n".join(lines)
 
 
 @cli.command("list")

@@ -37,6 +37,12 @@ class Comparison:
             f"  tol {self.tol:.1e}"
         )
 
+    @classmethod
+    def from_dict(cls, record: dict) -> Comparison:
+        """A comparison as `as_dict` recorded it (a shape mismatch is recorded with an infinite difference)."""
+        shape = tuple(record["shape"])
+        return cls(record["output"], shape, shape, record["max_abs"], record["mean_abs"], record["tol"])
+
     def as_dict(self) -> dict:
         return {
             "output": self.name,

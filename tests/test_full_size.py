@@ -1,24 +1,35 @@
-"""Each family at its real size (diffusers' default config, random weights saved by diffusers): both targets convert
-with every key accounted for and the validation decode/encode passes; the torchax output reads back in diffusers."""
+"""Each VAE at its real size (the first model name of each variant: Wan 2.1, Wan 2.2, CogVideoX; random weights saved
+by diffusers): both targets convert with every key accounted for and the validation decode/encode passes; the torchax
+output reads back in diffusers; conversion streams (peak memory above the baseline at most the checkpoint's size)."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from converter.registry import FAMILIES
-from tests.helpers import manifest, run_cli, save_diffusers
-
-# Each family at its default (real) size, under its first model name.
-MODELS = {family.models[0].name: family for family in FAMILIES.values()}
+from converter.registry import FAMILIES, MODELS
+from tests.helpers import REPO, manifest, run_cli, save_diffusers
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+def _first_of_each_variant() -> dict:
+    names = {}
+    for family in FAMILIES.values():
+        for m in family.models:
+            names.setdefault(family.config_class.from_dict(m.config).variant, m.name)
+    return {name: MODELS[name].family for name in names.values()}
+
+
+FULL_SIZE = _first_of_each_variant()
+
+
+@pytest.fixture(scope="module", params=list(FULL_SIZE))
 def full_size(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param) / "vae"
-    return request.param, path, save_diffusers(MODELS[request.param], path, {})
+    return request.param, path, save_diffusers(FULL_SIZE[request.param], path, MODELS[request.param].config)
 
 
 @pytest.mark.parametrize("target", ["flax", "torchax"])
@@ -34,7 +45,7 @@ def test_full_size_converts_and_validates(full_size, tmp_path, target):
     parameters = sum(v.numel() for v in state.values())
     assert f"{len(state)} tensors, {parameters / 1e6:.1f}M parameters" in result.stdout
     assert info["source"]["sha256"] and info["dtype"] == "float32"
-    assert json.loads((out / "config.json").read_text())["_class_name"] == MODELS[model_name].class_name
+    assert json.loads((out / "config.json").read_text())["_class_name"] == FULL_SIZE[model_name].class_name
 
 
 def test_torchax_output_reads_in_diffusers(full_size, tmp_path):
@@ -54,9 +65,26 @@ def test_torchax_output_reads_in_diffusers(full_size, tmp_path):
         "--dtype",
         "bfloat16",
     )
-    reloaded = getattr(diffusers, MODELS[model_name].class_name).from_pretrained(
+    reloaded = getattr(diffusers, FULL_SIZE[model_name].class_name).from_pretrained(
         tmp_path / "out", torch_dtype=torch.bfloat16
     )
     reloaded_state = reloaded.state_dict()
     for key, tensor in model.state_dict().items():
         assert torch.equal(reloaded_state[key], tensor.to(torch.bfloat16)), key
+
+
+def test_conversion_streams(full_size, tmp_path):
+    """Peak RSS above the process's baseline (after imports) at most 1.0x the checkpoint, measured as the benchmark
+    measures it (bench/run.py, its own process)."""
+    model_name, source, _ = full_size
+    checkpoint_mb = (source / "diffusion_pytorch_model.safetensors").stat().st_size / 1e6
+    task = dict(source=str(source), out=str(tmp_path / "out"), model=model_name, target="flax")
+    result = subprocess.run(
+        [sys.executable, "-m", "bench.run", "--task", "convert", json.dumps(task)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    peak_mb = json.loads(result.stdout.strip().splitlines()[-1])["peak_above_baseline_mb"]
+    assert peak_mb <= checkpoint_mb, (peak_mb, checkpoint_mb)

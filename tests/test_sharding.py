@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from converter.registry import FAMILIES
+from converter.registry import FAMILIES, model_for
 from tests.helpers import REPO, run_cli, save_diffusers
 
 # 1e-5 relative to the output's scale (max(1, max |unsharded|)): CogVideoX decodes unclipped values up to ~7, where
@@ -45,14 +45,19 @@ print(json.dumps(report))
 """
 
 
-@pytest.mark.parametrize("family", list(FAMILIES.values()), ids=list(FAMILIES))
-def test_sharded_matches_unsharded(tmp_path, family):
-    config = family.small_configs["default-arch"]
-    channels = family.validation_latent_shape(family.config_class.from_dict(config))[1]
-    save_diffusers(family, tmp_path / "vae", config)
-    run_cli(
-        family.models[0].name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate"
-    )
+# each family's default architecture, and Wan 2.2's layout (patchified input, residual shortcuts)
+CASES = {f"{family.name}-default-arch": (family, "default-arch") for family in FAMILIES.values()}
+CASES["wan-wan2.2-layout"] = (FAMILIES["wan"], "wan2.2-layout")
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sharded_matches_unsharded(tmp_path, case):
+    family, which = CASES[case]
+    config = family.config_class.from_dict(family.small_configs[which])
+    channels = family.validation_latent_shape(config)[1]
+    save_diffusers(family, tmp_path / "vae", family.small_configs[which])
+    model = model_for(family, config).name
+    run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     result = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "out"), str(channels)],

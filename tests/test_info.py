@@ -1,0 +1,33 @@
+"""`vae-convert info DIR` tells what an output holds, from its manifest: as text a person reads (the validation
+table as the conversion printed it) and as JSON; a folder that is no output gets one line and exit 3."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import fails, manifest, run_cli
+
+
+def test_info_text_and_json(wan_small, tmp_path):
+    source, _ = wan_small
+    out = tmp_path / "out"
+    converted = run_cli("wan2.1", "--source", source, "--to", "flax", "--format", "safetensors", "--out", out)
+    recorded = manifest(out)
+
+    text = run_cli("info", out).stdout
+    assert "model:    wan2.1 (family wan)" in text
+    assert "target:   flax (safetensors), dtype float32" in text
+    assert f"sha256 {recorded['source']['sha256']['diffusion_pytorch_model.safetensors']}" in text
+    assert f"mapping:  wan.yaml sha256 {recorded['mapping']['sha256']}" in text
+    assert f"tool:     vae-convert {recorded['version']}" in text
+    # the validation table reads as the conversion printed it
+    table = [line for line in converted.stderr.splitlines() if line.startswith("  ✓ ")]
+    assert len(table) == 3 and all(line in text.splitlines() for line in table), (table, text)
+
+    assert json.loads(run_cli("info", out, "--json").stdout) == recorded
+
+
+def test_info_on_a_folder_that_is_no_output(wan_small, tmp_path):
+    source, _ = wan_small
+    fails(["info", source], 3, "not a vae-convert output")
+    fails(["info", tmp_path / "missing"], 3, "not a vae-convert output")
