@@ -1,8 +1,8 @@
 """vae-convert: Hugging Face PyTorch video-VAE checkpoints -> Flax NNX (Orbax) or torchax (safetensors) weights.
 
 The installed package holds the converter and, beneath it, `converter.models` (the implementations) and
-`converter.mappings` (the mapping files). `load` and `enable_compile_cache` import the rest on first use, so that
-`import converter` stays light.
+`converter.mappings` (the mapping files). `load`, `save` and `enable_compile_cache` import the rest on first use, so
+that `import converter` stays light.
 """
 
 __version__ = "0.2.0"
@@ -13,6 +13,13 @@ def load(path, mesh=None):
     from converter.api import load as _load
 
     return _load(path, mesh=mesh)
+
+
+def save(vae, path, fmt="orbax", force=False):
+    """Writes a Flax model held in memory as a vae-convert output (see converter.export.save)."""
+    from converter.export import save as _save
+
+    return _save(vae, path, fmt=fmt, force=force)
 
 
 def enable_compile_cache(directory=None) -> bool:

@@ -58,6 +58,21 @@ def check_files(paths: list[Path], only_target: str | None) -> list[FileReport]:
     return reports
 
 
+def _not_invertible(assignments, source: dict, leaves: dict) -> list[str]:
+    """Export runs each rule backwards: its inverse must take the target leaf's shape back to the source key's."""
+    problems = []
+    for a in assignments:
+        try:
+            back = mapping.transformed_shape(
+                mapping.inverse_ops(a.rule.ops, source[a.source_key]), leaves[a.target_key]
+            )
+        except ValueError as e:
+            back = str(e)
+        if back != tuple(source[a.source_key]):
+            problems.append(f"rule {a.rule.name!r} ({a.rule.where}) cannot be inverted for {a.source_key!r}: {back}")
+    return problems
+
+
 def _check_target(rules, family, configs, target) -> TargetReport:
     if target not in rules.targets:
         return TargetReport(target, {}, [], [f"{rules.path}: no section for target {target!r}"])
@@ -66,7 +81,8 @@ def _check_target(rules, family, configs, target) -> TargetReport:
         source = {k: tuple(v.shape) for k, v in targets.meta_torch(family, config).state_dict().items()}
         leaves = targets.TARGETS[target].leaf_shapes(family, config)
         result = mapping.match_keys(rules, target, source, leaves)
-        per_config[name] = {"source_keys": len(source), "target_leaves": len(leaves), "problems": result.problems}
+        problems = result.problems + _not_invertible(result.assignments, source, leaves)
+        per_config[name] = {"source_keys": len(source), "target_leaves": len(leaves), "problems": problems}
         for rule, count in result.hits.items():
             hits[rule][name] = count
     rule_rows = [{"name": r.name, "where": r.where, "hits": h} for r, h in hits.items()]

@@ -1,5 +1,6 @@
 """The `vae-convert` command, and the only module that prints. `vae-convert MODEL --to TARGET --out DIR` converts
-(MODEL is a name from `vae-convert list`); other subcommands: publish, info, list, check-mappings, random-checkpoint.
+(MODEL is a name from `vae-convert list`); other subcommands: export, publish, info, list, check-mappings,
+random-checkpoint.
 
 Every failure is one line on stderr and a documented exit code (converter/errors.py); exit 1 is kept for bugs, whose
 traceback goes to a file the message names."""
@@ -162,6 +163,62 @@ def convert(
 
 
 @cli.command()
+@click.argument("source", type=click.Path(path_type=Path), metavar="DIR")
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory (must not exist).")
+@click.option(
+    "--dtype",
+    type=click.Choice(["auto", "float32", "bfloat16", "float16"]),
+    default="auto",
+    show_default=True,
+    help="Output dtype; auto keeps DIR's.",
+)
+@click.option("--no-validate", "skip_validation", is_flag=True, help="Skip the decode/encode check.")
+@click.option("--force", is_flag=True, help="Replace an earlier output at --out (only once the new one is complete).")
+@click.option("--keep-invalid", is_flag=True, help="Keep an output that fails validation (the exit code says so).")
+@click.option("--push-to-hub", metavar="ORG/NAME", help="Publish the result with a model card.")
+@click.option("--private", is_flag=True, help="With --push-to-hub: create the repo private.")
+@click.option("--push-revision", metavar="BRANCH", help="With --push-to-hub: the branch to commit to.")
+@click.option("--create-pr", is_flag=True, help="With --push-to-hub: open a pull request instead of committing.")
+@click.option("--commit-message", help="With --push-to-hub: the commit message.")
+@click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
+def export(
+    source, out, dtype, skip_validation, force, keep_invalid, push_to_hub, private, push_revision, create_pr,
+    commit_message, verbose,
+):  # fmt: skip
+    """Write a Flax output DIR (converted, or saved with converter.save) back as a diffusers checkpoint at --out:
+    config.json and diffusion_pytorch_model.safetensors, validated against the Flax model."""
+    from converter.export import ExportRequest
+    from converter.export import export as run
+
+    if push_to_hub:
+        from converter.publish import check_write_access
+
+        _guarded(lambda: check_write_access(push_to_hub), verbose)
+    request = ExportRequest(
+        source=source,
+        out=out,
+        dtype=dtype,
+        force=force,
+        validate=not skip_validation,
+        keep_invalid=keep_invalid,
+        say=_say,
+        progress=_progress,
+    )
+    summary = _guarded(lambda: run(request), verbose)
+    checks = (
+        f", validation {sum(c.ok for c in summary.comparisons)}/{len(summary.comparisons)} ✓"
+        if summary.comparisons
+        else ""
+    )
+    click.echo(
+        f"✓ {source} -> diffusers (safetensors, {summary.dtype}): {summary.tensors} tensors, "
+        f"{summary.parameters / 1e6:.1f}M parameters in {summary.seconds:.1f}s{checks} -> {summary.out}"
+    )
+    if push_to_hub:
+        _publish(summary.out, push_to_hub, private, push_revision, create_pr, commit_message, verbose)
+
+
+@cli.command()
 @click.argument("out", type=click.Path(path_type=Path), metavar="DIR")
 @click.argument("repo_id", metavar="ORG/NAME")
 @click.option("--private", is_flag=True, help="Create the repo private.")
@@ -205,6 +262,11 @@ def _describe_output(manifest: dict) -> str:
     source = manifest.get("source", {})
     if "revision" in source:
         origin = f"{source['origin']} (Hub) at commit {source['revision']}"
+    elif "exported_from" in source:
+        earlier = source["flax_output"].get("source", {})
+        origin = f"exported from the Flax output {source['origin']} (made from {earlier.get('origin')})"
+    elif "saved_from" in source:
+        origin = f"saved by converter.save from {source['origin']}"
     else:
         digests = source.get("sha256", {})
         origin = f"{source.get('origin')} (local)" + "".join(f"\n  {f}  sha256 {d}" for f, d in digests.items())

@@ -165,6 +165,24 @@ def apply_ops(ops, array: np.ndarray) -> np.ndarray:
     return array
 
 
+def inverse_ops(ops, source_shape: tuple[int, ...]) -> tuple:
+    """The ops that take `apply_ops(ops, x)` back to x, for x of `source_shape` (export runs the rules backwards): a
+    transpose inverts to the inverse permutation, a squeeze or reshape to a reshape to the shape before it, in
+    reverse order. Raises ValueError for an op with no inverse or ops that do not fit the shape."""
+    shapes = [tuple(source_shape)]
+    for op in ops:
+        shapes.append(transformed_shape([op], shapes[-1]))
+    inverse = []
+    for (op, arg), before in zip(reversed(ops), reversed(shapes[:-1])):
+        if op == "transpose":
+            inverse.append(("transpose", tuple(int(i) for i in np.argsort(arg))))
+        elif op in ("squeeze", "reshape"):
+            inverse.append(("reshape", before))
+        else:
+            raise ValueError(f"{op} cannot be inverted")
+    return tuple(inverse)
+
+
 @dataclasses.dataclass(frozen=True)
 class Assignment:
     source_key: str

@@ -45,13 +45,21 @@ def check_write_access(repo_id: str):
         )
 
 
+def original_repo(source: dict) -> str | None:
+    """The Hub repo the weights first came from, when they came from one (through an export too)."""
+    if "revision" in source:
+        return source["origin"]
+    earlier = source.get("flax_output", {}).get("source")
+    return original_repo(earlier) if earlier else None
+
+
 def model_card(manifest: dict, repo_id: str) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
     target, fmt, family = manifest["target"], manifest["format"], manifest["family"]
     source = manifest["source"]
     data = ModelCardData(
-        base_model=source["origin"] if "revision" in source else None,
+        base_model=original_repo(source),
         library_name=TARGETS[target].library_name,
         tags=["jax", target, fmt, family, "vae", "vae-convert"],
         license=None,
@@ -69,6 +77,8 @@ def model_card(manifest: dict, repo_id: str) -> str:
     )
     revision = source.get("revision") or ", ".join(f"{k} sha256 {v}" for k, v in source.get("sha256", {}).items())
     usage = TARGETS[target].usage
+    mapping = manifest.get("mapping")
+    mapping_row = f"| mapping | `{mapping['file']}` (sha256 `{mapping['sha256'][:16]}…`) |\n" if mapping else ""
     body = f"""
 # {repo_id}
 
@@ -83,12 +93,12 @@ def model_card(manifest: dict, repo_id: str) -> str:
 | source revision | `{revision}` |
 | tool | vae-convert {manifest["version"]} |
 | dtype | {manifest["dtype"]} |
-| mapping | `{manifest["mapping"]["file"]}` (sha256 `{manifest["mapping"]["sha256"][:16]}…`) |
-
+{mapping_row}
 ## Validation
 
-Decode and encode of fixed inputs with the converted weights, against the reference PyTorch implementation on the
-source weights (both in float32 on the output-dtype weights).
+Decode and encode of fixed inputs with the written weights, against the model they were made from: the reference
+PyTorch implementation on the source weights, or for an export the Flax model (both in float32 on the output-dtype
+weights).
 
 {validation}
 
@@ -113,7 +123,11 @@ def publish(
 
     manifest = read_manifest(out_dir)
     api = HfApi()
-    message = commit_message or f"Upload {manifest['model']} VAE for {manifest['target']} (vae-convert {__version__})"
+    message = (
+        commit_message
+        or f"Upload {manifest.get('model') or manifest['family']} VAE for {manifest['target']} "
+        f"(vae-convert {__version__})"
+    )
     operations = [
         CommitOperationAdd(path_in_repo=str(p.relative_to(out_dir)), path_or_fileobj=str(p))
         for p in sorted(out_dir.rglob("*"))

@@ -70,28 +70,50 @@ def validation_inputs(family, config) -> tuple[np.ndarray, np.ndarray]:
     return latent, video
 
 
-def reference_outputs(family, config, source_weights, dtype, latent, video) -> dict[str, np.ndarray]:
+class TorchRunner:
+    """The project's PyTorch model in plain PyTorch, in float32: the reference side of every validation."""
+
+    def __init__(self, model):
+        self.model = model.float().eval()
+
+    def decode(self, latent: np.ndarray) -> np.ndarray:
+        import torch
+
+        with torch.no_grad():
+            return self.model.decode(torch.from_numpy(latent)).sample.numpy()
+
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            posterior = self.model.encode(torch.from_numpy(video)).latent_dist
+            return posterior.mean.numpy(), posterior.logvar.numpy()
+
+
+def reference_model(family, config, source_weights, dtype):
+    """The PyTorch model on the source weights rounded to `dtype`."""
     import torch
 
-    model = family.torch_model()(config).eval()
+    model = family.torch_model()(config)
     state = {
         k: torch.from_numpy(np.asarray(source_weights[k]).astype(dtype).astype(np.float32))
         for k in source_weights.specs
     }
     model.load_state_dict(state, strict=True)
-    with torch.no_grad():
-        posterior = model.encode(torch.from_numpy(video)).latent_dist
-        return {
-            "decode": model.decode(torch.from_numpy(latent)).sample.numpy(),
-            "encode.mean": posterior.mean.numpy(),
-            "encode.logvar": posterior.logvar.numpy(),
-        }
+    return model
+
+
+def compare_runners(family, config, runner, reference) -> list[Comparison]:
+    """Decodes and encodes the validation inputs with both (channels-first runners); `reference` is the expected."""
+    latent, video = validation_inputs(family, config)
+    outputs = {}
+    for name, drive in (("got", runner), ("expected", reference)):
+        mean, logvar = drive.encode(video)
+        outputs[name] = {"decode": drive.decode(latent), "encode.mean": mean, "encode.logvar": logvar}
+    return [compare(name, outputs["got"][name], outputs["expected"][name]) for name in outputs["expected"]]
 
 
 def run(family, config, runner, source_weights, dtype) -> list[Comparison]:
-    """Decodes and encodes the validation inputs with `runner` (a target's runner around the converted model)."""
-    latent, video = validation_inputs(family, config)
-    expected = reference_outputs(family, config, source_weights, dtype, latent, video)
-    mean, logvar = runner.encode(video)
-    got = {"decode": runner.decode(latent), "encode.mean": mean, "encode.logvar": logvar}
-    return [compare(name, got[name], expected[name]) for name in expected]
+    """`runner` (a target's runner around the converted model) against the PyTorch reference on the source weights."""
+    reference = TorchRunner(reference_model(family, config, source_weights, dtype))
+    return compare_runners(family, config, runner, reference)

@@ -1,0 +1,240 @@
+"""The way back to PyTorch: `export` turns a Flax output (converted, or written from memory by `save`) into a
+diffusers checkpoint by running the family's mapping rules backwards, and `save` writes a Flax model held in memory
+(after a fine-tune, say) in the layout the converter writes.
+
+Nothing here maps keys by hand: the forward plan pairs every diffusers key of the config with its Flax leaf (strict
+both ways, as a conversion is), and `mapping.inverse_ops` undoes each rule's layout change. The result is what
+`--to torchax` writes: diffusers' names and layouts, which `from_pretrained` reads.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from converter import __version__, mapping, validate
+from converter.errors import InputError, OutputError, UsageError, ValidationError
+from converter.output import MANIFEST, TOOL, OutputFolder, read_manifest, write_json
+from converter.pipeline import Summary, _failure, _no_progress, _silent
+from converter.registry import FAMILIES, config_from_dict
+from converter.targets import DTYPES, TARGETS, load_output, meta_torch
+
+FLAX, TORCHAX = TARGETS["flax"], TARGETS["torchax"]
+
+
+@dataclasses.dataclass(kw_only=True)
+class ExportRequest:
+    source: Path  # a vae-convert output
+    out: Path
+    dtype: str = "auto"  # auto: the source's
+    force: bool = False
+    validate: bool = True
+    keep_invalid: bool = False
+    say: Callable[[str], None] = _silent
+    progress: Callable = _no_progress
+
+
+def export(req: ExportRequest) -> Summary:
+    started = time.monotonic()
+    source = Path(req.source).expanduser().absolute()
+    manifest = read_manifest(source)
+    family, config = _family_and_config(source, manifest)
+    folder = OutputFolder(req.out, req.force, say=req.say)
+    folder.check_not_source([source])
+    folder.check()
+    if manifest.get("target") == TORCHAX.name:
+        return _copy_diffusers_output(req, source, manifest, folder, started)
+    if manifest.get("target") != FLAX.name or manifest.get("format") not in FLAX.formats:
+        raise InputError(f"{source}: the manifest names an unknown target or format")
+    source_dtype = _dtype(manifest.get("dtype"), source)
+    dtype = source_dtype if req.dtype == "auto" else DTYPES[req.dtype]
+
+    leaves = {
+        _dotted(k): v for k, v in FLAX.read_weights(source, manifest["format"], family, config, source_dtype).items()
+    }
+    _ensure_leaves_fit(source, leaves, FLAX.leaf_shapes(family, config), source_dtype)
+    mapping_path = mapping.MAPPINGS_DIR / family.mapping_file
+    rules = mapping.load_mapping(mapping_path)
+    diffusers_shapes = {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
+    assignments = mapping.plan(rules, FLAX.name, diffusers_shapes, {k: tuple(v.shape) for k, v in leaves.items()})
+
+    with folder as work:
+        record = {
+            "tool": TOOL,
+            "version": __version__,
+            "family": family.name,
+            "model": manifest.get("model"),
+            "target": TORCHAX.name,
+            "format": "safetensors",
+            "dtype": dtype.name,
+            "mapping": {"file": mapping_path.name, "sha256": hashlib.sha256(mapping_path.read_bytes()).hexdigest()},
+            "source": {"origin": str(source), "exported_from": "flax", "flax_output": _provenance(manifest)},
+        }
+        specs = {key: (shape, dtype) for key, shape in diffusers_shapes.items()}
+        writer = TORCHAX.open_writer("safetensors", work, specs, {"format": "pt", "vae_convert": record})
+        by_key = {a.source_key: a for a in assignments}
+        try:
+            for key in req.progress(list(diffusers_shapes), "exporting"):
+                a = by_key[key]
+                leaf = np.asarray(leaves.pop(a.target_key))
+                writer.write(key, mapping.apply_ops(mapping.inverse_ops(a.rule.ops, specs[key][0]), leaf).astype(dtype))
+            writer.close()
+        except OSError as e:
+            raise OutputError(f"cannot write to {work.parent}: {e.strerror or e}") from None
+        write_json(work / "config.json", config.to_dict())
+        write_json(work / MANIFEST, record)
+        comparisons = _validate(req, family, config, source, work, record, folder.out)
+        folder.commit()
+    failed = [c for c in comparisons if not c.ok]
+    if failed:
+        raise ValidationError(f"{_failure(failed)}; kept at {folder.out} because of --keep-invalid")
+    parameters = sum(int(np.prod(shape)) for shape, _ in specs.values())
+    nbytes = parameters * dtype.itemsize
+    return Summary(
+        folder.out, "diffusers", "safetensors", dtype.name, len(specs), parameters, nbytes,
+        time.monotonic() - started, comparisons,
+    )  # fmt: skip
+
+
+def _family_and_config(source: Path, manifest: dict):
+    family = FAMILIES.get(manifest.get("family"))
+    if family is None:
+        raise InputError(f"{source}: the manifest names an unknown family {manifest.get('family')!r}")
+    try:
+        import json
+
+        raw = json.loads((source / "config.json").read_text())
+    except (OSError, ValueError):
+        raise InputError(f"{source}: config.json is missing or unreadable") from None
+    if raw.get("_class_name") != family.class_name:
+        raise InputError(
+            f"{source}: config.json is for {raw.get('_class_name')}, but the manifest says family {family.name} "
+            f"({family.class_name})"
+        )
+    return family, config_from_dict(family, raw)
+
+
+def _dtype(name, source: Path) -> np.dtype:
+    if name not in DTYPES:
+        raise InputError(f"{source}: the manifest names an unknown dtype {name!r}")
+    return DTYPES[name]
+
+
+def _dotted(path) -> str:
+    return path if isinstance(path, str) else ".".join(map(str, path))
+
+
+def _ensure_leaves_fit(source: Path, leaves: dict, expected: dict, dtype):
+    """The state on disk against the model its config describes: every leaf there, none extra, each its shape."""
+    missing, extra = sorted(set(expected) - set(leaves)), sorted(set(leaves) - set(expected))
+    if missing or extra:
+        raise InputError(
+            f"{source}: the Flax state does not match its config: {len(missing)} leaf(s) missing "
+            f"{missing[:3]}, {len(extra)} unexpected {extra[:3]}"
+        )
+    for key, leaf in leaves.items():
+        if tuple(leaf.shape) != tuple(expected[key]):
+            raise InputError(
+                f"{source}: leaf {key!r} has shape {list(leaf.shape)}, the config implies {list(expected[key])}"
+            )
+        if np.dtype(leaf.dtype) != dtype:
+            raise InputError(f"{source}: leaf {key!r} is {leaf.dtype}, the manifest says {dtype.name}")
+
+
+def _provenance(manifest: dict) -> dict:
+    return {k: manifest[k] for k in ("model", "dtype", "source", "version") if k in manifest}
+
+
+def _validate(req, family, config, source, work, record, out) -> list:
+    """The exported weights in the project's PyTorch model (plain PyTorch) against the Flax model they came from."""
+    if not req.validate:
+        return []
+    req.say("validating: decode and encode of the exported weights against the Flax model ...")
+    reference = FLAX.runner(load_output(source))
+    comparisons = validate.compare_runners(family, config, validate.TorchRunner(load_output(work)), reference)
+    record["validation"] = {
+        "rtol": validate.RTOL,
+        "ok": all(c.ok for c in comparisons),
+        "checks": [c.as_dict() for c in comparisons],
+    }
+    write_json(work / MANIFEST, record)
+    req.say("\n".join(c.line() for c in comparisons))
+    failed = [c for c in comparisons if not c.ok]
+    if failed and not req.keep_invalid:
+        raise ValidationError(f"{_failure(failed)}; nothing written to {out} (--keep-invalid keeps it)")
+    return comparisons
+
+
+def _copy_diffusers_output(req, source: Path, manifest: dict, folder: OutputFolder, started: float) -> Summary:
+    """A torchax output is diffusers' format already: copied as it is."""
+    if req.dtype not in ("auto", manifest.get("dtype")):
+        raise UsageError(
+            f"{source} is a torchax output ({manifest.get('dtype')}), already in diffusers' format; to change its "
+            f"dtype, convert it: vae-convert {manifest.get('model')} --source {source} --to torchax --dtype {req.dtype}"
+        )
+    req.say(f"{source} is a torchax output, already in diffusers' format: copying it")
+    with folder as work:
+        for name in ("config.json", TORCHAX.weight_files["safetensors"], MANIFEST):
+            if not (source / name).is_file():
+                raise InputError(f"{source}: {name} is missing; the output is incomplete or was changed by hand")
+            shutil.copy2(source / name, work / name)
+        folder.commit()
+    weights = TORCHAX.read_weights(folder.out, "safetensors", None, None, None)
+    parameters = sum(int(np.prod(v.shape)) for v in weights.values())
+    nbytes = sum(v.nbytes for v in weights.values())
+    return Summary(
+        folder.out, "diffusers", "safetensors", manifest.get("dtype"), len(weights), parameters, nbytes,
+        time.monotonic() - started, [],
+    )  # fmt: skip
+
+
+def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path:
+    """Writes the Flax model `vae` (a family's `AutoencoderKL*`, e.g. after training) to `path` in the converter's
+    output layout, Orbax (default) or flax safetensors: `converter.load` reads it back and `vae-convert export`
+    turns it into a diffusers checkpoint. Its manifest says it was saved from memory, with family and config."""
+    from flax import nnx
+
+    family = next((f for f in FAMILIES.values() if isinstance(vae, f.flax_model())), None)
+    if family is None:
+        raise InputError(f"save: {type(vae).__name__} is not one of the project's Flax models")
+    fmt = FLAX.default_format(fmt)
+    _, state = nnx.split(vae)
+    leaves = {_dotted(p): v.get_value() for p, v in nnx.to_flat_state(state)}
+    dtypes = {np.dtype(v.dtype) for v in leaves.values()}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPES.values():
+        raise InputError(
+            f"save: the parameters must share one of {', '.join(DTYPES)}; found {sorted(map(str, dtypes))}"
+        )
+    dtype = dtypes.pop()
+    _ensure_leaves_fit(Path("<memory>"), leaves, FLAX.leaf_shapes(family, vae.config), dtype)
+    folder = OutputFolder(Path(path), force)
+    folder.check()
+    record = {
+        "tool": TOOL,
+        "version": __version__,
+        "family": family.name,
+        "model": None,
+        "target": FLAX.name,
+        "format": fmt,
+        "dtype": dtype.name,
+        "source": {"origin": f"{type(vae).__name__} in memory", "saved_from": "memory"},
+    }
+    with folder as work:
+        specs = {key: (tuple(v.shape), dtype) for key, v in leaves.items()}
+        try:
+            writer = FLAX.open_writer(fmt, work, specs, {"vae_convert": record})
+            for key, leaf in leaves.items():
+                writer.write(key, np.asarray(leaf))
+            writer.close()
+        except OSError as e:
+            raise OutputError(f"cannot write to {work.parent}: {e.strerror or e}") from None
+        write_json(work / "config.json", vae.config.to_dict())
+        write_json(work / MANIFEST, record)
+        folder.commit()
+    return folder.out
