@@ -148,16 +148,7 @@ def convert(
     from converter.pipeline import convert as run
 
     summary = _guarded(lambda: run(request()), verbose)
-    checks = (
-        f", validation {sum(c.ok for c in summary.comparisons)}/{len(summary.comparisons)} ✓"
-        if summary.comparisons
-        else ", not validated"
-    )
-    click.echo(
-        f"✓ {model} -> {summary.target} ({summary.fmt}, {summary.dtype}): {summary.tensors} tensors, "
-        f"{summary.parameters / 1e6:.1f}M parameters, {summary.bytes / 1e6:.1f} MB in {summary.seconds:.1f}s"
-        f"{checks} -> {summary.out}"
-    )
+    click.echo(_summary_line(model, summary))
     if push_to_hub:
         _publish(summary.out, push_to_hub, private, push_revision, create_pr, commit_message, verbose)
 
@@ -205,15 +196,7 @@ def export(
         progress=_progress,
     )
     summary = _guarded(lambda: run(request), verbose)
-    checks = (
-        f", validation {sum(c.ok for c in summary.comparisons)}/{len(summary.comparisons)} ✓"
-        if summary.comparisons
-        else ""
-    )
-    click.echo(
-        f"✓ {source} -> diffusers (safetensors, {summary.dtype}): {summary.tensors} tensors, "
-        f"{summary.parameters / 1e6:.1f}M parameters in {summary.seconds:.1f}s{checks} -> {summary.out}"
-    )
+    click.echo(_summary_line(source, summary))
     if push_to_hub:
         _publish(summary.out, push_to_hub, private, push_revision, create_pr, commit_message, verbose)
 
@@ -341,6 +324,19 @@ def check_mappings(files, target, as_json):
     )
     if not all(r.ok for r in reports):
         raise click.exceptions.Exit(MappingError.exit_code)
+
+
+def _summary_line(what, summary) -> str:
+    checks = (
+        f", validation {sum(c.ok for c in summary.comparisons)}/{len(summary.comparisons)} ✓"
+        if summary.comparisons
+        else ", not validated"
+    )
+    return (
+        f"✓ {what} -> {summary.target} ({summary.fmt}, {summary.dtype}): {summary.tensors} tensors, "
+        f"{summary.parameters / 1e6:.1f}M parameters, {summary.bytes / 1e6:.1f} MB in {summary.seconds:.1f}s"
+        f"{checks} -> {summary.out}"
+    )
 
 
 def _say(message: str):

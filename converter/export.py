@@ -21,7 +21,7 @@ import numpy as np
 from converter import __version__, mapping, validate
 from converter.errors import InputError, OutputError, UsageError, ValidationError
 from converter.output import MANIFEST, TOOL, OutputFolder, read_manifest, write_json
-from converter.pipeline import Summary, _failure, _no_progress, _silent
+from converter.pipeline import Summary, _no_progress, _silent, failure_message, record_validation
 from converter.registry import FAMILIES, config_from_dict
 from converter.targets import DTYPES, TARGETS, load_output, meta_torch
 
@@ -93,7 +93,7 @@ def export(req: ExportRequest) -> Summary:
         folder.commit()
     failed = [c for c in comparisons if not c.ok]
     if failed:
-        raise ValidationError(f"{_failure(failed)}; kept at {folder.out} because of --keep-invalid")
+        raise ValidationError(f"{failure_message(failed)}; kept at {folder.out} because of --keep-invalid")
     parameters = sum(int(np.prod(shape)) for shape, _ in specs.values())
     nbytes = parameters * dtype.itemsize
     return Summary(
@@ -158,17 +158,7 @@ def _validate(req, family, config, source, work, record, out) -> list:
     req.say("validating: decode and encode of the exported weights against the Flax model ...")
     reference = FLAX.runner(load_output(source))
     comparisons = validate.compare_runners(family, config, validate.TorchRunner(load_output(work)), reference)
-    record["validation"] = {
-        "rtol": validate.RTOL,
-        "ok": all(c.ok for c in comparisons),
-        "checks": [c.as_dict() for c in comparisons],
-    }
-    write_json(work / MANIFEST, record)
-    req.say("\n".join(c.line() for c in comparisons))
-    failed = [c for c in comparisons if not c.ok]
-    if failed and not req.keep_invalid:
-        raise ValidationError(f"{_failure(failed)}; nothing written to {out} (--keep-invalid keeps it)")
-    return comparisons
+    return record_validation(comparisons, record, work, out, req.say, req.keep_invalid)
 
 
 def _copy_diffusers_output(req, source: Path, manifest: dict, folder: OutputFolder, started: float) -> Summary:

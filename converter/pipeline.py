@@ -282,7 +282,7 @@ def convert(req: Request) -> Summary:
         folder.commit()
     failed = [c for c in comparisons if not c.ok]
     if failed:  # only reached with --keep-invalid: the output is kept, marked invalid, and the run still fails
-        raise ValidationError(f"{_failure(failed)}; kept at {folder.out} because of --keep-invalid")
+        raise ValidationError(f"{failure_message(failed)}; kept at {folder.out} because of --keep-invalid")
     parameters = sum(int(np.prod(shape)) for shape, _ in specs.values())
     return Summary(
         folder.out,
@@ -303,20 +303,26 @@ def _validate(req, plan, dtype, work, manifest, out) -> list:
     req.say("validating: decode and encode against the PyTorch reference on the source weights ...")
     family = req.model.family
     comparisons = validate.run(family, plan.config, req.target.runner(load_output(work)), plan.weights, dtype)
+    return record_validation(comparisons, manifest, work, out, req.say, req.keep_invalid)
+
+
+def record_validation(comparisons, manifest: dict, work: Path, out: Path, say, keep_invalid: bool) -> list:
+    """Writes the comparisons into the work folder's manifest and reports them; fails unless all passed or the user
+    keeps invalid outputs."""
     manifest["validation"] = {
         "rtol": validate.RTOL,
         "ok": all(c.ok for c in comparisons),
         "checks": [c.as_dict() for c in comparisons],
     }
     write_json(work / MANIFEST, manifest)
-    req.say("\n".join(c.line() for c in comparisons))
+    say("\n".join(c.line() for c in comparisons))
     failed = [c for c in comparisons if not c.ok]
-    if failed and not req.keep_invalid:
-        raise ValidationError(f"{_failure(failed)}; nothing written to {out} (--keep-invalid keeps it)")
+    if failed and not keep_invalid:
+        raise ValidationError(f"{failure_message(failed)}; nothing written to {out} (--keep-invalid keeps it)")
     return comparisons
 
 
-def _failure(failed) -> str:
+def failure_message(failed) -> str:
     worst = max(failed, key=lambda c: c.max_abs / c.tol)
     return (
         f"validation failed for {', '.join(c.name for c in failed)} ({worst.name}: max |Δ| {worst.max_abs:.2e} "
