@@ -61,7 +61,15 @@ def model_card(manifest: dict, repo_id: str) -> str:
     data = ModelCardData(
         base_model=original_repo(source),
         library_name=TARGETS[target].library_name,
-        tags=["jax", target, fmt, family, "vae", "vae-convert"],
+        tags=[
+            "jax",
+            target,
+            fmt,
+            family,
+            *([manifest["model"]] if manifest.get("model") else []),
+            "vae",
+            "vae-convert",
+        ],
         license=None,
     )
     checks = manifest.get("validation", {}).get("checks", [])

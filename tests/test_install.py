@@ -3,6 +3,7 @@ folder that has a `models/` package of its own (as most ML repositories do)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -14,6 +15,9 @@ from tests.helpers import REPO
 
 
 def test_wheel_installs_one_namespace_and_ignores_a_local_models_package(tmp_path):
+    # from a copy without build outputs: a stale build/ folder would put files into the wheel that the tree lacks
+    source = tmp_path / "source"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".venv", "build", "*.egg-info", ".git", "__pycache__"))
     subprocess.run(
         [
             sys.executable,
@@ -25,7 +29,7 @@ def test_wheel_installs_one_namespace_and_ignores_a_local_models_package(tmp_pat
             "-q",
             "-w",
             str(tmp_path / "dist"),
-            str(REPO),
+            str(source),
         ],
         check=True,
         capture_output=True,
