@@ -11,6 +11,8 @@ import time
 
 from tests.helpers import REPO, only
 
+RUNS = 10
+
 
 def _start(source, out):
     return subprocess.Popen(
@@ -22,7 +24,7 @@ def _start(source, out):
     )
 
 
-def test_twenty_interrupts_at_random_moments(wan_small, tmp_path):
+def test_interrupts_at_moments_spread_over_the_run(wan_small, tmp_path):
     source, _ = wan_small
     shutil.copytree(source, tmp_path / "source")
     started = time.monotonic()
@@ -32,9 +34,11 @@ def test_twenty_interrupts_at_random_moments(wan_small, tmp_path):
     shutil.rmtree(tmp_path / "calibration")
     rng = random.Random(0)
     outcomes = []
-    while len(outcomes) < 20:
-        # from just after start-up (imports) to well inside validation, which ends the run
-        moment = rng.uniform(0.05, 0.8) * duration
+    while len(outcomes) < RUNS:
+        # one random moment in each of RUNS equal slices of the run, from just after start-up (imports) to well
+        # inside validation, which ends it
+        slice_start = 0.05 + 0.75 * len(outcomes) / RUNS
+        moment = (slice_start + rng.uniform(0, 0.75 / RUNS)) * duration
         sig = rng.choice([signal.SIGINT, signal.SIGTERM])
         process = _start(tmp_path / "source", tmp_path / "out")
         time.sleep(moment)
