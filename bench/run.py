@@ -28,21 +28,17 @@ def cases(smoke: bool) -> dict:
     """model -> (latent for decode, video for encode), channels-first: the first model of each variant (Wan 2.1, Wan
     2.2, CogVideoX) with its validation latent and 64x64-pixel videos of its validation frame count; smoke: the first
     model at small widths, 4x4 latents and 32x32 videos."""
-    from converter.registry import FAMILIES, MODELS, config_from_dict, small_config
+    from converter.registry import config_from_dict, first_of_each_variant, small_config
 
-    result, variants = {}, set()
-    for family in FAMILIES.values():
-        for name in family.models:
-            entry = MODELS[name.name]
-            config = config_from_dict(family, {**entry.config, **(small_config(entry) if smoke else {})})
-            if config.variant in variants or (smoke and result):
-                continue
-            variants.add(config.variant)
-            latent = list(family.validation_latent_shape(config))
-            video = list(family.validation_video_shape(config))
-            latent[3:] = [4, 4] if smoke else latent[3:]
-            video[3:] = [32, 32] if smoke else [64, 64]
-            result[entry.name] = (tuple(latent), tuple(video))
+    result = {}
+    for entry in first_of_each_variant()[:1] if smoke else first_of_each_variant():
+        family = entry.family
+        config = config_from_dict(family, {**entry.config, **(small_config(entry) if smoke else {})})
+        latent = list(family.validation_latent_shape(config))
+        video = list(family.validation_video_shape(config))
+        latent[3:] = [4, 4] if smoke else latent[3:]
+        video[3:] = [32, 32] if smoke else [64, 64]
+        result[entry.name] = (tuple(latent), tuple(video))
     return result
 
 

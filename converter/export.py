@@ -20,10 +20,10 @@ import numpy as np
 
 from converter import __version__, mapping, validate
 from converter.errors import InputError, OutputError, UsageError, ValidationError
-from converter.output import MANIFEST, TOOL, OutputFolder, read_manifest, write_json
-from converter.pipeline import Summary, _no_progress, _silent, failure_message, record_validation
-from converter.registry import FAMILIES, config_from_dict
-from converter.targets import DTYPES, TARGETS, load_output, meta_torch
+from converter.output import MANIFEST, TOOL, OutputFolder, write_json
+from converter.pipeline import Summary, failure_message, no_progress, record_validation, silent
+from converter.registry import FAMILIES
+from converter.targets import DTYPES, TARGETS, load_output, meta_torch, read_output
 
 FLAX, TORCHAX = TARGETS["flax"], TARGETS["torchax"]
 
@@ -36,28 +36,23 @@ class ExportRequest:
     force: bool = False
     validate: bool = True
     keep_invalid: bool = False
-    say: Callable[[str], None] = _silent
-    progress: Callable = _no_progress
+    say: Callable[[str], None] = silent
+    progress: Callable = no_progress
 
 
 def export(req: ExportRequest) -> Summary:
     started = time.monotonic()
-    source = Path(req.source).expanduser().absolute()
-    manifest = read_manifest(source)
-    family, config = _family_and_config(source, manifest)
+    info = read_output(req.source)
+    source, manifest, family, config = info.path, info.manifest, info.family, info.config
     folder = OutputFolder(req.out, req.force, say=req.say)
     folder.check_not_source([source])
     folder.check()
-    if manifest.get("target") == TORCHAX.name:
+    if info.target is TORCHAX:
         return _copy_diffusers_output(req, source, manifest, folder, started)
-    if manifest.get("target") != FLAX.name or manifest.get("format") not in FLAX.formats:
-        raise InputError(f"{source}: the manifest names an unknown target or format")
-    source_dtype = _dtype(manifest.get("dtype"), source)
+    source_dtype = info.dtype
     dtype = source_dtype if req.dtype == "auto" else DTYPES[req.dtype]
 
-    leaves = {
-        _dotted(k): v for k, v in FLAX.read_weights(source, manifest["format"], family, config, source_dtype).items()
-    }
+    leaves = {_dotted(k): v for k, v in FLAX.read_weights(source, info.fmt, family, config, source_dtype).items()}
     _ensure_leaves_fit(source, leaves, FLAX.leaf_shapes(family, config), source_dtype)
     mapping_path = mapping.MAPPINGS_DIR / family.mapping_file
     rules = mapping.load_mapping(mapping_path)
@@ -100,30 +95,6 @@ def export(req: ExportRequest) -> Summary:
         folder.out, "diffusers", "safetensors", dtype.name, len(specs), parameters, nbytes,
         time.monotonic() - started, comparisons,
     )  # fmt: skip
-
-
-def _family_and_config(source: Path, manifest: dict):
-    family = FAMILIES.get(manifest.get("family"))
-    if family is None:
-        raise InputError(f"{source}: the manifest names an unknown family {manifest.get('family')!r}")
-    try:
-        import json
-
-        raw = json.loads((source / "config.json").read_text())
-    except (OSError, ValueError):
-        raise InputError(f"{source}: config.json is missing or unreadable") from None
-    if raw.get("_class_name") != family.class_name:
-        raise InputError(
-            f"{source}: config.json is for {raw.get('_class_name')}, but the manifest says family {family.name} "
-            f"({family.class_name})"
-        )
-    return family, config_from_dict(family, raw)
-
-
-def _dtype(name, source: Path) -> np.dtype:
-    if name not in DTYPES:
-        raise InputError(f"{source}: the manifest names an unknown dtype {name!r}")
-    return DTYPES[name]
 
 
 def _dotted(path) -> str:

@@ -22,11 +22,11 @@ from converter.registry import FAMILIES, ModelEntry, command_for, config_from_di
 from converter.targets import DTYPES, Target, load_output, meta_torch
 
 
-def _silent(message: str):
+def silent(message: str):
     pass
 
 
-def _no_progress(items: Iterable, label: str) -> Iterable:
+def no_progress(items: Iterable, label: str) -> Iterable:
     return items
 
 
@@ -45,8 +45,8 @@ class Request:
     mapping_file: Path | None = None  # another mapping file than the family's (for mapping development)
     allow_nonfinite: bool = False
     keep_invalid: bool = False
-    say: Callable[[str], None] = _silent
-    progress: Callable[[Iterable, str], Iterable] = _no_progress
+    say: Callable[[str], None] = silent
+    progress: Callable[[Iterable, str], Iterable] = no_progress
 
     def __post_init__(self):
         self.fmt = self.target.default_format(self.fmt)

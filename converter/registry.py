@@ -57,6 +57,15 @@ def model_for(family: FamilySpec, config) -> ModelEntry:
     )
 
 
+def first_of_each_variant() -> list[ModelEntry]:
+    """One model per distinct VAE (Wan 2.1, Wan 2.2, CogVideoX): its first name (full-size tests, benchmark)."""
+    firsts = {}
+    for family in FAMILIES.values():
+        for m in family.models:
+            firsts.setdefault(family.config_class.from_dict(m.config).variant, MODELS[m.name])
+    return list(firsts.values())
+
+
 def configs_to_check(family: FamilySpec) -> list[tuple[str, dict]]:
     """Every distinct config a family's mapping must hold for: the named models' (each config once, under its first
     name), then the family's extra ones."""

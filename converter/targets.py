@@ -11,6 +11,7 @@ Everything target-specific is here: no other module asks which target it has.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -204,9 +205,21 @@ def _weights_path(out_dir: Path, name: str) -> Path:
     return path
 
 
-def load_output(path: str | Path, mesh=None):
-    """A written output -> a ready model, checked against its manifest. With `mesh`, a Flax model's parameters are
-    restored straight onto it, replicated."""
+@dataclasses.dataclass(frozen=True)
+class OutputInfo:
+    """A written output as its manifest and config.json describe it, each checked against the registry."""
+
+    path: Path
+    manifest: dict
+    family: FamilySpec
+    target: Target
+    fmt: str
+    dtype: np.dtype
+    config: object
+
+
+def read_output(path: str | Path) -> OutputInfo:
+    """An output folder's manifest and config, or one InputError saying what does not fit."""
     path = Path(path).expanduser().absolute()
     manifest = read_manifest(path)
     family = FAMILIES.get(manifest.get("family"))
@@ -219,10 +232,22 @@ def load_output(path: str | Path, mesh=None):
     ):
         raise InputError(f"{path}: the manifest names an unknown family, target, format or dtype")
     try:
-        config = config_from_dict(family, json.loads((path / "config.json").read_text()))
+        raw = json.loads((path / "config.json").read_text())
     except (OSError, ValueError):
         raise InputError(f"{path}: config.json is missing or unreadable") from None
-    dtype = DTYPES[manifest["dtype"]]
+    if raw.get("_class_name") != family.class_name:
+        raise InputError(
+            f"{path}: config.json is for {raw.get('_class_name')}, but the manifest says family {family.name} "
+            f"({family.class_name})"
+        )
+    config = config_from_dict(family, raw)
+    return OutputInfo(path, manifest, family, target, manifest["format"], DTYPES[manifest["dtype"]], config)
+
+
+def load_output(path: str | Path, mesh=None):
+    """A written output -> a ready model, checked against its manifest. With `mesh`, a Flax model's parameters are
+    restored straight onto it, replicated."""
+    out = read_output(path)
     sharding = None
     if mesh is not None:
         from jax.sharding import NamedSharding
@@ -230,11 +255,11 @@ def load_output(path: str | Path, mesh=None):
         from converter.models.common.sharding import PARAMETERS
 
         sharding = NamedSharding(mesh, PARAMETERS)
-    weights = target.read_weights(path, manifest["format"], family, config, dtype, sharding)
+    weights = out.target.read_weights(out.path, out.fmt, out.family, out.config, out.dtype, sharding)
     for key, array in weights.items():
-        if np.dtype(array.dtype) != dtype:
-            raise InputError(f"{path}: {key} is {array.dtype}, the manifest says {dtype.name}")
-    return target.build(family, config, dtype, weights, path, sharding)
+        if np.dtype(array.dtype) != out.dtype:
+            raise InputError(f"{out.path}: {key} is {array.dtype}, the manifest says {out.dtype.name}")
+    return out.target.build(out.family, out.config, out.dtype, weights, out.path, sharding)
 
 
 class OrbaxWriter:

@@ -11,19 +11,10 @@ import sys
 import pytest
 import torch
 
-from converter.registry import FAMILIES, MODELS
+from converter.registry import MODELS, first_of_each_variant
 from tests.helpers import REPO, manifest, run_cli, save_diffusers
 
-
-def _first_of_each_variant() -> dict:
-    names = {}
-    for family in FAMILIES.values():
-        for m in family.models:
-            names.setdefault(family.config_class.from_dict(m.config).variant, m.name)
-    return {name: MODELS[name].family for name in names.values()}
-
-
-FULL_SIZE = _first_of_each_variant()
+FULL_SIZE = {entry.name: entry.family for entry in first_of_each_variant()}
 
 
 @pytest.fixture(scope="module", params=list(FULL_SIZE))
