@@ -16,10 +16,14 @@ import click
 
 from converter import __version__
 from converter.errors import ConvertError, MappingError
+from converter.mapping import MAPPINGS_DIR, load_mapping
 from converter.registry import FAMILIES, MODELS, config_from_dict, get_model
 from converter.targets import TARGETS
 
 FORMAT_NAMES = tuple(dict.fromkeys(fmt for target in TARGETS.values() for fmt in target.formats))
+SOURCE_FORMAT_NAMES = tuple(
+    dict.fromkeys(name for f in FAMILIES.values() for name in load_mapping(MAPPINGS_DIR / f.mapping_file).formats)
+)
 
 
 class ModelGroup(click.Group):
@@ -50,8 +54,23 @@ def cli():
 @click.argument("model", type=click.Choice(list(MODELS)), metavar="MODEL")
 @click.option("--to", "target", type=click.Choice(list(TARGETS)), required=True, help="Target implementation.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory (must not exist).")
-@click.option("--source", help="Local diffusers folder, .safetensors file, shard index, or Hub repo id[@rev].")
+@click.option(
+    "--source",
+    help="Local diffusers folder, .safetensors file, shard index, original release file (.pth/.pt), or Hub repo "
+    "id[@rev].",
+)
 @click.option("--revision", help="Hub revision (branch, tag or commit) of the source.")
+@click.option(
+    "--source-format",
+    type=click.Choice(SOURCE_FORMAT_NAMES),
+    help="The source's key layout; default: recognised from its keys.",
+)
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="A config.json to use instead of the source's or the model's (keys it leaves out keep the model's).",
+)
 @click.option(
     "--format",
     "fmt",
@@ -93,6 +112,8 @@ def convert(
     out,
     source,
     revision,
+    source_format,
+    config_file,
     fmt,
     dtype,
     offline,
@@ -126,6 +147,8 @@ def convert(
             force=force,
             validate=not skip_validation,
             mapping_file=mapping_file,
+            source_format=source_format,
+            config_file=config_file,
             allow_nonfinite=allow_nonfinite,
             keep_invalid=keep_invalid,
             say=_say,

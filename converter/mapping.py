@@ -4,11 +4,18 @@ A mapping file (mappings/<family>.yaml) has one section per target, each a list 
 once under `patterns` for rules to use as {name}. A rule is data:
   match:     a regex that must match the whole source key (it is anchored whatever it says)
   to:        the target key, a template filled from the match: {1}, {2}... or {name} for named groups
+  lookup:    {group: table}: the named group's text is replaced by its entry in one of the format's `lookups`
+             (index renumbering: the original Wan decoder's flat `upsamples.N`)
   transpose / squeeze / reshape: layout changes, applied in the order they are written in the rule
 
 Target keys are dotted paths; a numeric part is a list index (Flax `nnx.List`), never a position in a sort.
 `plan` checks everything that can be checked without data, both ways, before a byte is read or written:
 each source key matched by exactly one rule, each target leaf filled exactly once, each shape right.
+
+`source_formats` holds, per checkpoint layout a user may bring (diffusers' own, the original releases), how to
+recognise it (`signature`: keys only it has), how it is packed (`container`), `rules` renaming its keys to diffusers'
+keys (none: the keys are diffusers' already) and `drop` rules for tensors that are no model weights. The target
+rules then apply to the renamed keys, so one set of target rules serves every format.
 """
 
 from __future__ import annotations
@@ -23,21 +30,55 @@ import yaml
 
 from converter.errors import MappingError
 
-RULE_FIELDS = {"name", "match", "to", "transpose", "squeeze", "reshape"}
+RULE_FIELDS = {"name", "match", "to", "lookup", "transpose", "squeeze", "reshape"}
+DROP_FIELDS = {"name", "match"}
+FORMAT_FIELDS = {"about", "model", "pairings", "signature", "container", "lookups", "rules", "drop"}
 LAYOUT_OPS = ("transpose", "squeeze", "reshape")
 MAPPINGS_DIR = Path(str(importlib.resources.files("converter.mappings")))
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (lookup tables are dicts)
 class Rule:
     name: str
     pattern: re.Pattern
     to: str
     ops: tuple[tuple[str, tuple[int, ...]], ...]
     where: str  # file:line, for messages
+    lookups: tuple[tuple[str, str, dict[str, str]], ...] = ()  # (group, table name, table)
 
     def target_key(self, match: re.Match) -> str:
-        return self.to.format(match.group(0), *match.groups(), **match.groupdict())
+        """The filled `to` template; raises LookupError when a looked-up index is not in its table."""
+        named = match.groupdict()
+        for group, table_name, table in self.lookups:
+            if named[group] not in table:
+                raise LookupError(f"{group} {named[group]} is not in lookup {table_name!r} ({', '.join(table)})")
+            named[group] = table[named[group]]
+        return self.to.format(match.group(0), *match.groups(), **named)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceFormat:
+    """A checkpoint layout users bring: how to recognise it, how it is packed, how its keys become diffusers'."""
+
+    name: str
+    about: str
+    model: str | None  # the registry model whose VAE the format's files hold (None: any model of the family)
+    pairings: str | None  # the file (in a pairings folder) listing every key with its diffusers key
+    signature: tuple[str, ...]  # keys every file of this format has, and no other format's files
+    wrapper: str | None  # the key of the dict the tensors are kept under (`state_dict`), None: at the top level
+    rules: tuple[Rule, ...]  # source key -> diffusers key; empty: the keys are diffusers' already
+    drops: tuple[Rule, ...]  # tensors that are no model weights
+    where: str
+
+    @property
+    def renames(self) -> bool:
+        return bool(self.rules)
+
+    def fits(self, keys) -> bool:
+        return all(k in keys for k in self.signature)
+
+    def claims(self, key: str) -> bool:
+        return any(r.pattern.fullmatch(key) for r in self.rules + self.drops)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +86,7 @@ class Mapping:
     family: str
     path: Path
     targets: dict[str, tuple[Rule, ...]]
+    formats: dict[str, SourceFormat] = dataclasses.field(default_factory=dict)
 
     def rules(self, target: str) -> tuple[Rule, ...]:
         if target not in self.targets:
@@ -72,7 +114,7 @@ def load_mapping(path: str | Path) -> Mapping:
         raise MappingError(f"{path}: cannot read mapping file ({e.strerror})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("targets"), dict) or "family" not in doc:
         raise MappingError(f"{path}:1: a mapping file needs 'family' and a 'targets' section")
-    unknown = set(doc) - {"family", "patterns", "targets", "__line__"}
+    unknown = set(doc) - {"family", "patterns", "targets", "source_formats", "__line__"}
     if unknown:
         raise MappingError(f"{path}:{doc['__line__']}: unknown top-level field(s): {', '.join(sorted(unknown))}")
     patterns = _patterns(path, doc.get("patterns", {}))
@@ -83,7 +125,59 @@ def load_mapping(path: str | Path) -> Mapping:
         if not isinstance(rules, list):
             raise MappingError(f"{path}:{doc['targets']['__line__']}: target {target!r} must be a list of rules")
         targets[target] = tuple(_parse_rule(path, raw, patterns) for raw in rules)
-    return Mapping(family=str(doc["family"]), path=path, targets=targets)
+    raw_formats = doc.get("source_formats", {"__line__": doc["__line__"]})
+    if not isinstance(raw_formats, dict):
+        raise MappingError(f"{path}:{doc['__line__']}: 'source_formats' must map format names to their sections")
+    formats = {
+        name: _parse_format(path, name, raw, patterns) for name, raw in raw_formats.items() if name != "__line__"
+    }
+    return Mapping(family=str(doc["family"]), path=path, targets=targets, formats=formats)
+
+
+def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> SourceFormat:
+    if not isinstance(raw, dict):
+        raise MappingError(f"{path}: source format {name!r} must be a mapping")
+    where = f"{path}:{raw['__line__']}"
+    unknown = set(raw) - FORMAT_FIELDS - {"__line__"}
+    if unknown:
+        raise MappingError(
+            f"{where}: unknown field(s) of source format {name!r}: {', '.join(sorted(unknown))} "
+            f"(allowed: {', '.join(sorted(FORMAT_FIELDS))})"
+        )
+    signature = raw.get("signature")
+    if not isinstance(signature, list) or not signature or not all(isinstance(k, str) for k in signature):
+        raise MappingError(f"{where}: source format {name!r} needs a 'signature': a list of keys only it has")
+    container = raw.get("container", {"__line__": raw["__line__"]})
+    if not isinstance(container, dict) or set(container) - {"wrapper", "__line__"}:
+        raise MappingError(f"{where}: 'container' takes only 'wrapper' (the key the tensors are kept under)")
+    lookups = raw.get("lookups", {})
+    if not isinstance(lookups, dict) or not all(isinstance(t, dict) for k, t in lookups.items() if k != "__line__"):
+        raise MappingError(f"{where}: 'lookups' must map table names to tables (index: replacement)")
+    tables = {
+        table: {str(k): str(v) for k, v in entries.items() if k != "__line__"}
+        for table, entries in lookups.items()
+        if table != "__line__"
+    }
+    rules = tuple(_parse_rule(path, r, patterns, tables) for r in _flattened(raw.get("rules", [])))
+    drops = tuple(_parse_rule(path, r, patterns, fields=DROP_FIELDS) for r in raw.get("drop", []))
+    return SourceFormat(
+        name=name,
+        about=str(raw.get("about", name)),
+        model=raw.get("model"),
+        pairings=raw.get("pairings"),
+        signature=tuple(signature),
+        wrapper=container.get("wrapper"),
+        rules=rules,
+        drops=drops,
+        where=where,
+    )
+
+
+def _flattened(rules) -> list:
+    """A format's rules, where an entry may be a list of rules (a YAML alias to rules several formats share)."""
+    if not isinstance(rules, list):
+        raise MappingError("a source format's 'rules' must be a list")
+    return [r for entry in rules for r in (entry if isinstance(entry, list) else [entry])]
 
 
 def _patterns(path: Path, raw) -> dict[str, str]:
@@ -105,28 +199,56 @@ def _expand(where: str, regex: str, patterns: dict[str, str]) -> str:
     return re.sub(r"\{([A-Za-z_]+)\}", piece, regex)
 
 
-def _parse_rule(path: Path, raw, patterns: dict[str, str]) -> Rule:
+def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=RULE_FIELDS) -> Rule:
+    """A rule (or, with fields=DROP_FIELDS, a drop rule: a name and a match). YAML aliases share one dict between
+    formats, so `raw` is read, never changed."""
     if not isinstance(raw, dict):
         raise MappingError(f"{path}: a rule must be a mapping with 'match' and 'to', got {raw!r}")
-    where = f"{path}:{raw.pop('__line__')}"
-    unknown = set(raw) - RULE_FIELDS
+    where = f"{path}:{raw['__line__']}"
+    raw = {k: v for k, v in raw.items() if k != "__line__"}
+    unknown = set(raw) - fields
     if unknown:
         raise MappingError(
-            f"{where}: unknown rule field(s): {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(RULE_FIELDS))})"
+            f"{where}: unknown rule field(s): {', '.join(sorted(unknown))} (allowed: {', '.join(sorted(fields))})"
         )
+    if fields is DROP_FIELDS:
+        raw["to"] = ""
     if not isinstance(raw.get("match"), str) or not isinstance(raw.get("to"), str):
-        raise MappingError(f"{where}: a rule needs string fields 'match' and 'to'")
+        raise MappingError(
+            f"{where}: a rule needs string fields {'match' if fields is DROP_FIELDS else 'match and to'}"
+        )
     try:
         pattern = re.compile(_expand(where, raw["match"], patterns))
     except re.error as e:
         raise MappingError(f"{where}: bad regex {raw['match']!r}: {e}") from None
+    lookups = _lookups(where, raw.get("lookup", {}), pattern, tables)
     ops = []
     for op in (k for k in raw if k in LAYOUT_OPS):
         value = raw[op]
         if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
             raise MappingError(f"{where}: {op} takes a list of integers, got {value!r}")
         ops.append((op, tuple(value)))
-    return Rule(name=raw.get("name", raw["match"]), pattern=pattern, to=raw["to"], ops=tuple(ops), where=where)
+    name = raw.get("name", raw["match"])
+    return Rule(name=name, pattern=pattern, to=raw["to"], ops=tuple(ops), where=where, lookups=lookups)
+
+
+def _lookups(where: str, raw, pattern: re.Pattern, tables) -> tuple:
+    if not raw:
+        return ()
+    if tables is None:
+        raise MappingError(f"{where}: 'lookup' belongs to source-format rules, whose format declares the tables")
+    if not isinstance(raw, dict):
+        raise MappingError(f"{where}: 'lookup' maps a named group of the match to a table name")
+    out = []
+    for group, table in ((g, t) for g, t in raw.items() if g != "__line__"):
+        if group not in pattern.groupindex:
+            raise MappingError(
+                f"{where}: lookup names group {group!r}, which the match does not define as (?P<{group}>...)"
+            )
+        if table not in tables:
+            raise MappingError(f"{where}: unknown lookup table {table!r} (declared: {', '.join(tables) or 'none'})")
+        out.append((group, table, tables[table]))
+    return tuple(out)
 
 
 def transformed_shape(ops, shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -192,37 +314,62 @@ class Assignment:
 
 @dataclasses.dataclass
 class Match:
-    """The outcome of applying a mapping section: what pairs up, what does not, and how often each rule hit."""
+    """The outcome of applying rules to a key set: what pairs up, what does not, and how often each rule hit.
+    `conflicts` are faults of the rules themselves (overlaps, a leaf filled twice); `unfit` are keys and leaves that
+    find no partner, shape mismatches and unknown indices: for a source format, a file that is not of that format."""
 
     assignments: list[Assignment]
-    problems: list[str]
+    conflicts: list[str]
+    unfit: list[str]
     hits: dict[Rule, int]
+    dropped: dict[str, Rule] = dataclasses.field(default_factory=dict)  # source key -> the drop rule that took it
+
+    @property
+    def problems(self) -> list[str]:
+        return self.conflicts + self.unfit
 
 
 def match_keys(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes: dict[str, tuple]) -> Match:
-    rules = mapping.rules(target)
-    problems, assignments, filled_by = [], [], {}
-    hits = dict.fromkeys(rules, 0)
+    """A target section's rules applied to diffusers-named source keys, against the target model's leaves."""
+    return match_rules(mapping.rules(target), (), source, target_shapes, f"{mapping.path.name} [{target}]", target)
+
+
+def rename_keys(mapping: Mapping, fmt: SourceFormat, source: dict[str, tuple], diffusers: dict[str, tuple]) -> Match:
+    """A source format's rules applied to a file's keys, against diffusers' keys and shapes for the config."""
+    return match_rules(fmt.rules, fmt.drops, source, diffusers, f"{mapping.path.name} [{fmt.name}]", "diffusers")
+
+
+def match_rules(rules, drops, source: dict[str, tuple], target_shapes: dict[str, tuple], section: str, receiver: str):
+    conflicts, unfit, assignments, filled_by, dropped = [], [], [], {}, {}
+    hits = dict.fromkeys((*rules, *drops), 0)
     for key in source:
-        found = [(rule, m) for rule in rules if (m := rule.pattern.fullmatch(key))]
+        found = [(rule, m) for rule in (*rules, *drops) if (m := rule.pattern.fullmatch(key))]
         for rule, _ in found:
             hits[rule] += 1
         if not found:
-            problems.append(f"source key {key!r} is matched by no rule of {mapping.path.name} [{target}]")
+            unfit.append(f"source key {key!r} is matched by no rule of {section}")
             continue
         if len(found) > 1:
-            names = "; ".join(f"{r.name} ({r.where})" for r, _ in found)
-            problems.append(f"source key {key!r} is matched by {len(found)} rules: {names}")
+            names = "; ".join(f"{'drop rule ' if r in drops else ''}{r.name} ({r.where})" for r, _ in found)
+            what = "a drop rule would swallow" if any(r in drops for r, _ in found) else "ambiguous"
+            conflicts.append(f"source key {key!r} is matched by {len(found)} rules ({what}): {names}")
             continue
         rule, match = found[0]
-        target_key = rule.target_key(match)
+        if rule in drops:
+            dropped[key] = rule
+            continue
+        try:
+            target_key = rule.target_key(match)
+        except LookupError as e:
+            unfit.append(f"source key {key!r}: {e.args[0]} ({rule.where})")
+            continue
         if target_key not in target_shapes:
-            problems.append(
-                f"source key {key!r} maps to {target_key!r} ({rule.where}), which the {target} model does not have"
+            unfit.append(
+                f"source key {key!r} maps to {target_key!r} ({rule.where}), which the {receiver} model does not have"
             )
             continue
         if target_key in filled_by:
-            problems.append(
+            conflicts.append(
                 f"target leaf {target_key!r} is filled twice: from {filled_by[target_key]!r} and {key!r} ({rule.where})"
             )
             continue
@@ -230,30 +377,34 @@ def match_keys(mapping: Mapping, target: str, source: dict[str, tuple], target_s
         try:
             got = transformed_shape(rule.ops, tuple(source[key]))
         except ValueError as e:
-            problems.append(f"source key {key!r}: {e} ({rule.where})")
+            unfit.append(f"source key {key!r}: {e} ({rule.where})")
             continue
         if got != tuple(target_shapes[target_key]):
-            problems.append(
+            unfit.append(
                 f"shape mismatch for {key!r} -> {target_key!r}: expected {list(target_shapes[target_key])}"
                 f", got {list(got)} from source {list(source[key])} ({rule.where})"
             )
             continue
         assignments.append(Assignment(key, target_key, rule))
-    problems += [
-        f"target leaf {k!r} is filled by no source key (missing from the checkpoint?)"
+    unfit += [
+        f"{receiver} {'key' if receiver == 'diffusers' else 'leaf'} {k!r} is filled by no source key (missing from the "
+        f"checkpoint?)"
         for k in target_shapes
         if k not in filled_by
     ]
-    return Match(assignments, problems, hits)
+    return Match(assignments, conflicts, unfit, hits, dropped)
+
+
+def summary(problems: list[str]) -> str:
+    shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+    return f"{len(problems)} mapping problem(s): " + " | ".join(shown)
 
 
 def plan(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes: dict[str, tuple]) -> list[Assignment]:
     """Pairs every source key with its target leaf, or raises MappingError listing every problem found."""
     result = match_keys(mapping, target, source, target_shapes)
     if result.problems:
-        problems = result.problems
-        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-        raise MappingError(f"{len(problems)} mapping problem(s): " + " | ".join(shown))
+        raise MappingError(summary(result.problems))
     return result.assignments
 
 

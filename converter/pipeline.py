@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from converter import __version__, mapping, sources, validate
+from converter import __version__, mapping, source_formats, sources, validate
 from converter.errors import InputError, MappingError, OutputError, ValidationError
 from converter.output import MANIFEST, TOOL, OutputFolder, write_json
-from converter.registry import FAMILIES, ModelEntry, command_for, config_from_dict, family_for_class, model_for
+from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
 from converter.targets import DTYPES, Target, load_output, meta_torch
 
 
@@ -43,6 +43,8 @@ class Request:
     force: bool = False
     validate: bool = True
     mapping_file: Path | None = None  # another mapping file than the family's (for mapping development)
+    source_format: str | None = None  # None: recognised from the keys
+    config_file: Path | None = None  # a config.json to use instead of the source's or the model's
     allow_nonfinite: bool = False
     keep_invalid: bool = False
     say: Callable[[str], None] = silent
@@ -54,6 +56,8 @@ class Request:
             raise InputError(f"--revision applies to Hub sources; {self.source} is a local path")
         if self.mapping_file is not None:
             self.mapping_file = Path(self.mapping_file).expanduser().absolute()
+        if self.config_file is not None:
+            self.config_file = Path(self.config_file).expanduser().absolute()
 
 
 @dataclasses.dataclass
@@ -77,11 +81,24 @@ class Plan:
     leaf_shapes: dict
     assignments: list
     ignored_config_keys: list[str]  # retired keys config.json carries (the pinned diffusers ignores them too)
+    source_format: object  # mapping.SourceFormat
+    dropped: dict  # drop rule name -> {"tensors", "bytes"}
 
     def ignored_line(self) -> str | None:
         if not self.ignored_config_keys:
             return None
         return f"config.json: ignoring {', '.join(self.ignored_config_keys)} (the pinned diffusers no longer takes it)"
+
+    def format_line(self) -> str | None:
+        """What an original-format file went through (nothing to say for diffusers' layout)."""
+        fmt = self.source_format
+        if not fmt.renames:
+            return None
+        dropped = "".join(
+            f"; dropped {d['tensors']} tensor(s) by rule {name} ({d['bytes'] / 1e6:.1f} MB)"
+            for name, d in self.dropped.items()
+        )
+        return f"source format: {fmt.name} ({fmt.about}): keys renamed to diffusers'{dropped}"
 
 
 def dry_run(req: Request) -> str:
@@ -111,7 +128,7 @@ def dry_run(req: Request) -> str:
     if refusal:
         lines.append(f"  ✗ {refusal}: a conversion would stop here")
     if plan is not None:
-        lines += [plan.ignored_line()] if plan.ignored_line() else []
+        lines += [line for line in (plan.format_line(), plan.ignored_line()) if line]
         lines.append(
             f"plan: {len(plan.assignments)} tensors, every key mapped to a {req.target.name} leaf "
             f"({req.target.weight_files[req.fmt]})"
@@ -152,19 +169,12 @@ def choose_dtype(requested: str, weights: sources.SourceWeights, say: Callable[[
     return dtype
 
 
-def ensure_weights_fit_config(family, config, weights: sources.SourceWeights):
-    """The checkpoint against the PyTorch model its config describes (diffusers' names and shapes). A mismatch here
-    is bad input (wrong config, wrong family, damaged checkpoint), told apart from mapping bugs found later."""
-    expected = {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
+def ensure_weights_fit_config(family, expected: dict[str, tuple], weights: sources.SourceWeights):
+    """A diffusers-layout checkpoint against the PyTorch model its config describes (diffusers' names and shapes). A
+    mismatch here is bad input (wrong config, damaged checkpoint), told apart from mapping bugs found later."""
     unexpected = [k for k in weights.specs if k not in expected]
     missing = [k for k in expected if k not in weights.specs]
     wrong = [k for k in expected if k in weights.specs and tuple(weights.specs[k][0]) != expected[k]]
-    other = _looks_like(family, list(weights.specs)) if unexpected else None
-    if other is not None:
-        raise InputError(
-            f"this checkpoint looks like a {other.name} VAE ({other.class_name}), not "
-            f"{family.class_name}: try `{command_for(other)}`"
-        )
     problems = []
     if unexpected:
         problems.append(f"{len(unexpected)} key(s) {family.class_name} does not have: {_first(unexpected)}")
@@ -173,7 +183,7 @@ def ensure_weights_fit_config(family, config, weights: sources.SourceWeights):
     if wrong:
         k = wrong[0]
         problems.append(
-            f"config.json and the weights disagree on {len(wrong)} shape(s), e.g. {k!r} is "
+            f"the config and the weights disagree on {len(wrong)} shape(s), e.g. {k!r} is "
             f"{list(weights.specs[k][0])} in the checkpoint, the config implies {list(expected[k])}"
         )
     if problems:
@@ -182,18 +192,6 @@ def ensure_weights_fit_config(family, config, weights: sources.SourceWeights):
 
 def _first(keys: list[str], n: int = 3) -> str:
     return ", ".join(repr(k) for k in keys[:n]) + (", ..." if len(keys) > n else "")
-
-
-def _looks_like(family, keys: list[str]):
-    """Another family whose mapping rules claim (nearly) every key, or None."""
-    for other in FAMILIES.values():
-        if other is family:
-            continue
-        rules = mapping.load_mapping(mapping.MAPPINGS_DIR / other.mapping_file).rules("torchax")
-        claimed = sum(any(r.pattern.fullmatch(k) for r in rules) for k in keys)
-        if claimed >= 0.9 * len(keys):
-            return other
-    return None
 
 
 def ensure_storable(key: str, source: np.ndarray, converted: np.ndarray, allow_nonfinite: bool):
@@ -226,20 +224,47 @@ def load_family_mapping(req: Request) -> tuple[Path, mapping.Mapping]:
     return path, rules
 
 
+def source_config(req: Request, source: sources.Source, fmt) -> dict:
+    """--config's keys over the model's; else the source's config.json; else (a lone file, or an original release,
+    which has no diffusers config: a config.json beside it belongs to something else) the model's, which also gives
+    the scaling factor and latent statistics."""
+    if req.config_file is not None:
+        return {**req.model.config, **sources.read_config(req.config_file)}
+    if source.config is None or fmt.renames:
+        return dict(req.model.config)
+    return source.config
+
+
 def make_plan(req: Request, source: sources.Source) -> Plan:
-    """Everything checkable before writing: the config's family, the weights against the config, every key's rule."""
+    """Everything checkable before writing: the source's format, the config's family and variant, the weights against
+    the config, every key's rule."""
     family = req.model.family
-    weights = sources.SourceWeights.open(source.weight_files)
-    refuse_other_family(req.model, source.config)
-    config = config_from_dict(family, source.config)
-    refuse_other_variant(req.model, config)
-    ensure_weights_fit_config(family, config, weights)
     mapping_path, rules = load_family_mapping(req)
+    weights = sources.SourceWeights.open(source.weight_files)
+    shown = ", ".join(p.name for p in source.weight_files)
+    fmt = source_formats.detect(weights, req.model, rules, req.source_format, source.weight_files)
+    raw = source_config(req, source, fmt)
+    refuse_other_family(req.model, raw)
+    config = config_from_dict(family, raw)
+    refuse_other_variant(req.model, config)
+    source_formats.refuse_other_variant(fmt, family, config, req.model)
+    expected = {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
+    dropped = {}
+    if fmt.renames:
+        told = (
+            f"the config of {req.config_file}"
+            if req.config_file
+            else f"{req.model.name}'s config (--config FILE for another)"
+        )
+        renamed = source_formats.rename(rules, fmt, weights, expected, shown, told)
+        weights, dropped = renamed.weights, renamed.dropped
+    else:
+        ensure_weights_fit_config(family, expected, weights)
     leaf_shapes = req.target.leaf_shapes(family, config)
     source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
     assignments = mapping.plan(rules, req.target.name, source_shapes, leaf_shapes)
-    ignored = family.config_class.ignored_fields(source.config)
-    return Plan(weights, config, mapping_path, leaf_shapes, assignments, ignored)
+    ignored = family.config_class.ignored_fields(raw)
+    return Plan(weights, config, mapping_path, leaf_shapes, assignments, ignored, fmt, dropped)
 
 
 def convert(req: Request) -> Summary:
@@ -252,8 +277,9 @@ def convert(req: Request) -> Summary:
     source = sources.resolve(req.model, req.source, req.revision, req.offline)
     folder.check_not_source(source.protected)
     plan = make_plan(req, source)
-    if plan.ignored_line():
-        req.say(plan.ignored_line())
+    for line in (plan.format_line(), plan.ignored_line()):
+        if line:
+            req.say(line)
     dtype = choose_dtype(req.dtype, plan.weights, req.say)
 
     with folder as work:
@@ -273,7 +299,9 @@ def convert(req: Request) -> Summary:
         }
         specs = {a.target_key: (plan.leaf_shapes[a.target_key], dtype) for a in plan.assignments}
         nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest)
-        manifest["source"] = provenance()
+        manifest["source"] = dict(provenance(), format=plan.source_format.name)
+        if plan.dropped:
+            manifest["source"]["dropped"] = plan.dropped
         if plan.ignored_config_keys:
             manifest["config_ignored"] = plan.ignored_config_keys
         write_json(work / "config.json", plan.config.to_dict())

@@ -34,17 +34,22 @@ class SourceWeights:
     _read: dict[str, Callable[[], np.ndarray]]
     _origin: dict[str, str]  # key -> file name
     _release: dict[str, Callable[[], None]]
+    wrapper: str | None = None  # the key of the dict a pickle keeps its tensors under (`state_dict`), if any
 
     @classmethod
     def open(cls, paths: list[Path]) -> SourceWeights:
-        specs, read, origin, release = {}, {}, {}, {}
+        specs, read, origin, release, wrappers = {}, {}, {}, {}, set()
         for path in paths:
-            tensors = _pickle_tensors(path) if path.suffix in PICKLE_SUFFIXES else _safetensors_tensors(path)
+            if path.suffix in PICKLE_SUFFIXES:
+                tensors, wrapper = _pickle_tensors(path)
+                wrappers.add(wrapper)
+            else:
+                tensors = _safetensors_tensors(path)
             for key, (spec, reader, releaser) in tensors.items():
                 if key in origin:
                     raise InputError(f"tensor {key!r} is in both {origin[key]} and {path.name}")
                 specs[key], read[key], origin[key], release[key] = spec, reader, path.name, releaser
-        return cls(specs, read, origin, release)
+        return cls(specs, read, origin, release, wrappers.pop() if len(wrappers) == 1 else None)
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self._read[key]()
@@ -68,8 +73,11 @@ def _safetensors_tensors(path: Path) -> dict:
     }
 
 
-def _pickle_tensors(path: Path) -> dict:
-    """A PyTorch state_dict pickle, loaded with weights_only=True: a pickle that needs code is refused, never run."""
+def _pickle_tensors(path: Path) -> tuple[dict, str | None]:
+    """A PyTorch state_dict pickle, loaded with weights_only=True (a pickle that needs code is refused, never run) and
+    memory-mapped where torch can (zip pickles: every torch.save since 1.6). The tensors are the top-level dict's, or
+    those of the one dict inside it that holds only tensors (the wrapper, whose key is returned: source formats
+    declare theirs)."""
     import pickle
 
     import torch
@@ -84,14 +92,45 @@ def _pickle_tensors(path: Path) -> dict:
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as e:
         raise InputError(f"{path}: not a readable PyTorch checkpoint ({str(e).splitlines()[0][:160]})") from None
-    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
-        state = state["state_dict"]
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+
+    def all_tensors(d) -> bool:
+        return isinstance(d, dict) and bool(d) and all(isinstance(v, torch.Tensor) for v in d.values())
+
+    wrapper = None
+    if isinstance(state, dict) and not all_tensors(state):
+        inner = [k for k, v in state.items() if all_tensors(v)]
+        wrapper = inner[0] if len(inner) == 1 else None
+    tensors = state[wrapper] if wrapper is not None else state
+    if not all_tensors(tensors):
         raise InputError(f"{path}: not a state_dict (expected a mapping of names to tensors)")
-    return {
-        key: ((tuple(t.shape), _numpy_dtype(t)), functools.partial(_tensor_to_numpy, t), lambda: None)
-        for key, t in state.items()
+    mapped = _is_zip(path)
+    readers = {
+        key: (
+            (tuple(t.shape), _numpy_dtype(t)),
+            functools.partial(_tensor_to_numpy, t),
+            functools.partial(_drop_pages, t) if mapped else _keep,
+        )
+        for key, t in tensors.items()
     }
+    return readers, wrapper
+
+
+def _keep():
+    pass
+
+
+def _drop_pages(tensor):
+    """A memory-mapped tensor's pages leave the resident set (clean file pages: read again from the file if touched),
+    as SafetensorsFile.release does, so streaming through a pickle does not grow memory by its size. Linux only."""
+    import ctypes
+    import mmap
+    import sys
+
+    if sys.platform != "linux" or tensor.nbytes == 0:
+        return
+    begin = tensor.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
+    end = tensor.data_ptr() + tensor.nbytes
+    ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(begin), ctypes.c_size_t(end - begin), mmap.MADV_DONTNEED)
 
 
 def _is_zip(path: Path) -> bool:
@@ -184,13 +223,10 @@ def resolve(entry: ModelEntry, source: str | None, revision: str | None, offline
     hub = hub_location(entry, source, revision)
     if hub is not None:
         return _from_hub(*hub, entry.subfolder, offline)
-    resolved = _from_path(Path(source).expanduser().absolute())
-    if resolved.config is None:  # a lone weights file: the registry model's config
-        resolved.config = dict(entry.config)
-    return resolved
+    return _from_path(Path(source).expanduser().absolute())
 
 
-def _read_config(path: Path) -> dict:
+def read_config(path: Path) -> dict:
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -221,17 +257,17 @@ def _from_path(path: Path) -> Source:
         raise InputError(f"{path}: no {WEIGHTS_NAME} (or its index) in this folder or its vae/ subfolder")
     if not (folder / "config.json").exists():
         raise InputError(f"{folder}: config.json is missing beside the weights")
-    return Source(files, _read_config(folder / "config.json"), str(path))
+    return Source(files, read_config(folder / "config.json"), str(path))
 
 
 def _config_beside(path: Path) -> dict | None:
     """A lone weights file takes the config.json beside it, if there is one."""
     beside = path.parent / "config.json"
-    return _read_config(beside) if beside.exists() else None
+    return read_config(beside) if beside.exists() else None
 
 
 def _shards(index_path: Path) -> list[Path]:
-    index = _read_config(index_path)
+    index = read_config(index_path)
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError(f"{index_path}: an index needs a non-empty 'weight_map'")

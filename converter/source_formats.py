@@ -1,0 +1,166 @@
+"""Which layout a checkpoint is in (diffusers' own, or an original release's: mappings/<family>.yaml `source_formats`),
+and its tensors under diffusers' names, which is what the target rules and the validation read.
+
+A format is recognised from the keys (its `signature`), or named with --source-format; a file of another family's
+format, or of another VAE variant, is told apart from a damaged one, and named."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from converter import mapping
+from converter.errors import InputError, MappingError, UsageError
+from converter.registry import FAMILIES, MODELS, command_for, config_from_dict
+
+
+@dataclasses.dataclass(frozen=True)
+class KnownFormat:
+    family: object  # FamilySpec
+    mapping: mapping.Mapping
+    fmt: mapping.SourceFormat
+
+    def share(self, keys) -> int:
+        """How many of `keys` this format knows: its rules' (or, for diffusers' layout, the target rules')."""
+        rules = self.fmt.rules + self.fmt.drops if self.fmt.renames else sum(self.mapping.targets.values(), ())
+        return sum(any(r.pattern.fullmatch(k) for r in rules) for k in keys)
+
+
+def known_formats(family, own: mapping.Mapping) -> list[KnownFormat]:
+    """Every family's formats; the converting family's from `own` (the family's mapping file or --mapping's)."""
+    out = []
+    for other in FAMILIES.values():
+        rules = own if other is family else mapping.load_mapping(mapping.MAPPINGS_DIR / other.mapping_file)
+        out += [KnownFormat(other, rules, fmt) for fmt in rules.formats.values()]
+    return out
+
+
+def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list[Path]) -> mapping.SourceFormat:
+    """The format of `weights`, checked against the model the user named and the file's container."""
+    family, shown = entry.family, ", ".join(p.name for p in files)
+    if forced is not None:
+        if forced not in own.formats:
+            raise UsageError(
+                f"--source-format {forced}: {entry.name} ({family.name}) reads {', '.join(own.formats)}"
+                f"; other families' formats need their model name"
+            )
+        return _checked_container(own.formats[forced], weights, shown)
+    known = known_formats(family, own)
+    fitting = [k for k in known if k.fmt.fits(weights.specs)]
+    if not fitting:
+        raise InputError(f"{shown}: {_no_fit(known, list(weights.specs))}")
+    if len(fitting) > 1:
+        names = ", ".join(f"{k.fmt.name} ({k.family.name})" for k in fitting)
+        raise InputError(f"{shown}: the keys fit several formats ({names}); name one with --source-format")
+    found = fitting[0]
+    if found.family is not family:
+        hint = f"vae-convert {found.fmt.model}" if found.fmt.model else command_for(found.family)
+        raise InputError(
+            f"{shown} is a {found.family.class_name} checkpoint ({found.fmt.name}: {found.fmt.about}), not "
+            f"{family.class_name}: try `{hint}`"
+        )
+    return _checked_container(found.fmt, weights, shown)
+
+
+def _no_fit(known: list[KnownFormat], keys: list[str]) -> str:
+    closest = max(known, key=lambda k: k.share(keys))
+    rules = closest.fmt.rules + closest.fmt.drops if closest.fmt.renames else sum(closest.mapping.targets.values(), ())
+    strangers = [k for k in keys if not any(r.pattern.fullmatch(k) for r in rules)]
+    absent = [k for k in closest.fmt.signature if k not in keys]
+    told = []
+    if strangers:
+        told.append(f"keys it does not know: {_first(strangers)}")
+    if absent:
+        told.append(f"its signature key(s) missing: {_first(absent)}")
+    return (
+        f"not a checkpoint format this tool knows; closest: {closest.fmt.name} of {closest.family.name} "
+        f"({closest.share(keys)} of {len(keys)} keys), {'; '.join(told)}"
+    )
+
+
+def _first(keys: list[str], n: int = 3) -> str:
+    return ", ".join(repr(k) for k in keys[:n]) + (f" and {len(keys) - n} more" if len(keys) > n else "")
+
+
+def _checked_container(fmt: mapping.SourceFormat, weights, shown: str) -> mapping.SourceFormat:
+    if fmt.wrapper != weights.wrapper:
+        declared = f"keeps its tensors under {fmt.wrapper!r}" if fmt.wrapper else "keeps its tensors at the top level"
+        found = f"under {weights.wrapper!r}" if weights.wrapper else "at the top level, with no wrapper"
+        raise InputError(f"{shown}: {fmt.name} {declared} ({fmt.where}), but this file has them {found}")
+    return fmt
+
+
+def variant_of(fmt: mapping.SourceFormat, family) -> str | None:
+    return config_from_dict(family, MODELS[fmt.model].config).variant if fmt.model else None
+
+
+def refuse_other_variant(fmt: mapping.SourceFormat, family, config, entry):
+    """An original Wan 2.2 file named as wan2.1 (or the reverse): the format says which VAE the file holds."""
+    held = variant_of(fmt, family)
+    if held is not None and held != config.variant:
+        raise InputError(
+            f"the checkpoint is a {held} ({fmt.name}), but {entry.name} names a {config.variant}: "
+            f"try `vae-convert {fmt.model}`"
+        )
+
+
+class RenamedWeights:
+    """A source's tensors under diffusers' names, each read (and layout-changed) from the file on demand."""
+
+    def __init__(self, weights, assignments: list[mapping.Assignment]):
+        self.source = weights
+        self._by_name = {a.target_key: a for a in assignments}
+        self.specs = {
+            a.target_key: (
+                mapping.transformed_shape(a.rule.ops, weights.specs[a.source_key][0]),
+                weights.specs[a.source_key][1],
+            )
+            for a in assignments
+        }
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        a = self._by_name[key]
+        return mapping.apply_ops(a.rule.ops, self.source[a.source_key])
+
+    def release(self, key: str):
+        self.source.release(self._by_name[key].source_key)
+
+    def source_key(self, key: str) -> str:
+        return self._by_name[key].source_key
+
+    def floating_dtypes(self) -> set[np.dtype]:
+        return {dtype for _, dtype in self.specs.values() if dtype.kind == "f" or dtype.name == "bfloat16"}
+
+
+@dataclasses.dataclass
+class Renamed:
+    weights: RenamedWeights
+    dropped: dict[str, dict]  # drop rule name -> {"tensors", "bytes"}
+
+
+def rename(
+    own: mapping.Mapping, fmt: mapping.SourceFormat, weights, diffusers: dict[str, tuple], shown: str, config: str
+):
+    """The file's keys through the format's rules, strict both ways: a fault of the rules (an overlap, a drop rule
+    that would swallow a model key) is a MappingError; a file that does not fit them (or `config`, which says where
+    the config came from) is bad input."""
+    source = {k: shape for k, (shape, _) in weights.specs.items()}
+    result = mapping.rename_keys(own, fmt, source, diffusers)
+    if result.conflicts:
+        raise MappingError(mapping.summary(result.problems))
+    if result.unfit:
+        shown_problems = " | ".join(result.unfit[:2]) + (
+            f" | ... and {len(result.unfit) - 2} more" if len(result.unfit) > 2 else ""
+        )
+        raise InputError(
+            f"{shown} does not fit {fmt.name} with {config}: {len(result.unfit)} problem(s): {shown_problems}"
+        )
+    dropped = {}
+    for key, rule in result.dropped.items():
+        shape, dtype = weights.specs[key]
+        entry = dropped.setdefault(rule.name, {"tensors": 0, "bytes": 0})
+        entry["tensors"] += 1
+        entry["bytes"] += int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return Renamed(RenamedWeights(weights, result.assignments), dropped)
