@@ -1,16 +1,19 @@
 """`vae-convert check-mappings`: proves every rule of every mapping file against every registered config and
 target, without weights: the source side is the project's PyTorch model on the meta device (diffusers' names and
-shapes), the target side the target model's abstract state."""
+shapes), the target side the target model's abstract state. With --pairings DIR it also proves each source format's
+rules against its pairings file there: every key of the released file becomes exactly the diffusers key listed for it,
+with that key's shape, and every diffusers key is produced."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from pathlib import Path
 
 from converter import mapping, targets
 from converter.errors import ConvertError
-from converter.registry import FAMILIES, config_from_dict, configs_to_check
+from converter.registry import FAMILIES, MODELS, config_from_dict, configs_to_check
 
 
 @dataclasses.dataclass
@@ -26,21 +29,35 @@ class TargetReport:
 
 
 @dataclasses.dataclass
+class FormatReport:
+    name: str
+    proven_against: str | None  # the pairings file, None when there was nothing to prove it against
+    keys: int
+    rules: list[dict]  # {"name", "where", "hits"}
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclasses.dataclass
 class FileReport:
     file: str
     error: str | None = None
     targets: list[TargetReport] = dataclasses.field(default_factory=list)
+    formats: list[FormatReport] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.error is None and all(t.ok for t in self.targets)
+        return self.error is None and all(t.ok for t in self.targets) and all(f.ok for f in self.formats)
 
 
 def mapping_files(paths: list[Path]) -> list[Path]:
     return [Path(p) for p in paths] if paths else sorted(mapping.MAPPINGS_DIR.glob("*.yaml"))
 
 
-def check_files(paths: list[Path], only_target: str | None) -> list[FileReport]:
+def check_files(paths: list[Path], only_target: str | None, pairings: Path | None = None) -> list[FileReport]:
     reports = []
     for path in mapping_files(paths):
         report = FileReport(str(path))
@@ -53,6 +70,7 @@ def check_files(paths: list[Path], only_target: str | None) -> list[FileReport]:
             configs = [(name, config_from_dict(family, raw)) for name, raw in configs_to_check(family)]
             for target in [only_target] if only_target else list(targets.TARGETS):
                 report.targets.append(_check_target(rules, family, configs, target))
+            report.formats = [_check_format(rules, family, fmt, configs, pairings) for fmt in rules.formats.values()]
         except ConvertError as e:
             report.error = str(e)
     return reports
@@ -71,6 +89,48 @@ def _not_invertible(assignments, source: dict, leaves: dict) -> list[str]:
         if back != tuple(source[a.source_key]):
             problems.append(f"rule {a.rule.name!r} ({a.rule.where}) cannot be inverted for {a.source_key!r}: {back}")
     return problems
+
+
+def _check_format(rules, family, fmt, configs, pairings: Path | None) -> FormatReport:
+    """A format's signature and, against its pairings file, every rule. Diffusers' own layout has no rules: its
+    signature keys must be keys of every registered config."""
+    if not fmt.renames:
+        problems = [
+            f"signature key {key!r} ({fmt.where}) is not a key of config {name}"
+            for name, config in configs
+            for key in fmt.signature
+            if key not in targets.meta_torch(family, config).state_dict()
+        ]
+        return FormatReport(fmt.name, None, 0, [], problems)
+    if pairings is None or fmt.pairings is None:
+        return FormatReport(fmt.name, None, 0, [], [] if pairings is None else [f"{fmt.where}: no 'pairings' file"])
+    path = Path(pairings) / fmt.pairings
+    try:
+        listed = json.loads(path.read_text())["keys"]
+    except (OSError, ValueError, KeyError) as e:
+        return FormatReport(fmt.name, str(path), 0, [], [f"{path}: not a readable pairings file ({e})"])
+    if fmt.model not in MODELS:
+        return FormatReport(fmt.name, str(path), len(listed), [], [f"{fmt.where}: unknown model {fmt.model!r}"])
+    config = config_from_dict(family, MODELS[fmt.model].config)
+    diffusers = {k: tuple(v.shape) for k, v in targets.meta_torch(family, config).state_dict().items()}
+    source = {k: tuple(v["shape"]) for k, v in listed.items()}
+    result = mapping.rename_keys(rules, fmt, source, diffusers)
+    problems = list(result.problems)
+    for a in result.assignments:
+        said = listed[a.source_key]["diffusers"]
+        if a.target_key != said:
+            problems.append(f"{a.source_key!r} becomes {a.target_key!r} ({a.rule.where}); the pairings say {said!r}")
+    problems += [
+        f"drop rule {rule.name!r} ({rule.where}) takes model key {key!r}" for key, rule in result.dropped.items()
+    ]
+    problems += [
+        f"signature key {k!r} ({fmt.where}) is not a key of {fmt.pairings}" for k in fmt.signature if k not in listed
+    ]
+    problems += [
+        f"rule {r.name!r} ({r.where}) matches no key of {fmt.pairings}" for r in fmt.rules if not result.hits[r]
+    ]
+    rule_rows = [{"name": r.name, "where": r.where, "hits": result.hits[r]} for r in fmt.rules + fmt.drops]
+    return FormatReport(fmt.name, str(path), len(listed), rule_rows, problems)
 
 
 def _check_target(rules, family, configs, target) -> TargetReport:
@@ -104,6 +164,7 @@ def as_json(reports: list[FileReport], seconds: float) -> dict:
                 "ok": r.ok,
                 "error": r.error,
                 "targets": [dict(dataclasses.asdict(t), ok=t.ok) for t in r.targets],
+                "source_formats": [dict(dataclasses.asdict(f), ok=f.ok) for f in r.formats],
             }
             for r in reports
         ],
@@ -130,12 +191,24 @@ def as_text(reports: list[FileReport], seconds: float) -> str:
             for name, c in t.configs.items():
                 lines += [f"    ✗ [{name}] {p}" for p in c["problems"]]
             lines += [f"    ✗ {p}" for p in t.problems]
+        for f in report.formats:
+            lines.append(f"  {'✓' if f.ok else '✗'} source format {f.name}: {_proof(f)}")
+            lines += [f"      {r['name']:<24} {r['where'].rsplit(':', 1)[1]:>5}  {r['hits']:>5}" for r in f.rules]
+            lines += [f"    ✗ {p}" for p in f.problems]
     ok = all(r.ok for r in reports)
     lines.append(f"{'all mappings clean' if ok else 'mapping problems found'} ({len(reports)} file(s), {seconds:.1f}s)")
     return "\n".join(lines)
 
 
-def run(paths: list[Path], only_target: str | None) -> tuple[list[FileReport], float]:
+def _proof(f: FormatReport) -> str:
+    if not f.rules:
+        return "diffusers' keys, signature checked against every config"
+    if f.proven_against is None:
+        return "not proven (pass --pairings DIR)"
+    return f"{f.keys} keys of {Path(f.proven_against).name} renamed as listed"
+
+
+def run(paths: list[Path], only_target: str | None, pairings: Path | None = None) -> tuple[list[FileReport], float]:
     started = time.monotonic()
-    reports = check_files(paths, only_target)
+    reports = check_files(paths, only_target, pairings)
     return reports, time.monotonic() - started

@@ -281,6 +281,8 @@ def _describe_output(manifest: dict) -> str:
         f"model:    {manifest.get('model')} (family {manifest.get('family')})",
         f"target:   {manifest.get('target')} ({manifest.get('format')}), dtype {manifest.get('dtype')}",
         f"source:   {origin}",
+        *([f"layout:   {source['format']}"] if "format" in source else []),
+        *[f"dropped:  {d['tensors']} tensor(s) by rule {name}" for name, d in source.get("dropped", {}).items()],
         f"mapping:  {mapping.get('file')} sha256 {mapping.get('sha256')}",
         f"tool:     {manifest.get('tool')} {manifest.get('version')}",
     ]
@@ -330,18 +332,24 @@ def random_checkpoint(model, out, small, seed):
 @cli.command("check-mappings")
 @click.argument("files", nargs=-1, type=click.Path(path_type=Path))
 @click.option("--target", type=click.Choice(list(TARGETS)), help="Check one target only.")
+@click.option(
+    "--pairings",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    help="Folder of pairings files (every key of an original release with its diffusers key): prove the source "
+    "formats against them.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
-def check_mappings(files, target, as_json):
+def check_mappings(files, target, pairings, as_json):
     """Prove every rule in FILES (default: all of mappings/) for every registered config and target, no weights.
 
     Exits 0 only when every source key hits exactly one rule, every target leaf is filled once with the right
-    shape, and no rule is dead.
+    shape, and no rule is dead; with --pairings, also when every source format renames each listed key as listed.
     """
     import json
 
     from converter import check_mappings as checker
 
-    reports, seconds = checker.run(list(files), target)
+    reports, seconds = checker.run(list(files), target, pairings)
     click.echo(
         json.dumps(checker.as_json(reports, seconds), indent=2) if as_json else checker.as_text(reports, seconds)
     )

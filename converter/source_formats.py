@@ -58,7 +58,7 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
     if found.family is not family:
         hint = f"vae-convert {found.fmt.model}" if found.fmt.model else command_for(found.family)
         raise InputError(
-            f"{shown} is a {found.family.class_name} checkpoint ({found.fmt.name}: {found.fmt.about}), not "
+            f"{shown} is a checkpoint of {found.family.class_name} ({found.fmt.name}: {found.fmt.about}), not of "
             f"{family.class_name}: try `{hint}`"
         )
     return _checked_container(found.fmt, weights, shown)

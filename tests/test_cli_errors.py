@@ -89,7 +89,7 @@ def test_other_family_weights(wan_small, tmp_path):
     fails(
         ["cogvideox-2b", "--source", tmp_path / "weights.safetensors", "--to", "flax", "--out", tmp_path / "out"],
         InputError.exit_code,
-        "looks like a wan VAE",
+        "is a checkpoint of AutoencoderKLWan (diffusers",
         "vae-convert wan2.1",
         out=tmp_path / "out",
     )

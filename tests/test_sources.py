@@ -42,6 +42,7 @@ def test_registry_model_resolves_from_the_hub_cache_offline(wan_small, tmp_path,
         "origin": REPO_ID,
         "files": ["diffusion_pytorch_model.safetensors"],
         "revision": commit,
+        "format": "diffusers",
     }
 
 
