@@ -39,7 +39,7 @@ def test_config_values_of_the_wrong_type_or_range(wan_small, tmp_path, key):
     source, _ = wan_small
     for i, value in enumerate(BAD_VALUES[key]):
         folder = _config_variant(source, tmp_path / f"v{i}", key, value)
-        for dry_run in ([], ["--dry-run"]):
+        for dry_run in ([], ["--dry-run"]) if i == 0 else ([],):  # the dry run plans through the same check
             fails(
                 ["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out", *dry_run],
                 InputError.exit_code,
@@ -65,10 +65,12 @@ OPTION_POOL = [
     ["--push-to-hub", "justname"],
     ["--source", "./wan-smal"],
     ["--source", "nobody/x/y"],
+    ["--source-format", "wan2.1-original"],
+    ["--config", "MAPPING"],
 ]
 
 
-@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("seed", range(6))
 def test_option_combinations_never_exit_1(wan_small, tmp_path, seed, monkeypatch):
     """Random option sets, each with and without --dry-run: every outcome is a documented code, never a bug."""
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")

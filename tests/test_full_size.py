@@ -1,6 +1,7 @@
 """Each VAE at its real size (the first model name of each variant: Wan 2.1, Wan 2.2, CogVideoX; random weights saved
 by diffusers): both targets convert with every key accounted for and the validation decode/encode passes; the torchax
-output reads back in diffusers; conversion streams (peak memory above the baseline at most the checkpoint's size)."""
+output reads back in diffusers; conversion streams (peak memory above the baseline at most the checkpoint's size).
+The original Wan2.1_VAE.pth at full size converts to the same weights, and streams too."""
 
 from __future__ import annotations
 
@@ -48,8 +49,32 @@ def test_conversion_streams(full_size, tmp_path):
     """Peak RSS above the process's baseline (after imports) at most 1.0x the checkpoint, measured as the benchmark
     measures it (bench/run.py, its own process)."""
     model_name, source, _ = full_size
-    checkpoint_mb = (source / "diffusion_pytorch_model.safetensors").stat().st_size / 1e6
-    task = dict(source=str(source), out=str(tmp_path / "out"), model=model_name, target="flax")
+    _assert_streams(model_name, source / "diffusion_pytorch_model.safetensors", tmp_path)
+
+
+@pytest.mark.parametrize("full_size", ["wan2.1"], indirect=True)
+def test_full_size_original_wan21_file(full_size, tmp_path):
+    """Wan-Video's Wan2.1_VAE.pth layout (keys renamed with the shared pairings), pickled by torch.save: to torchax it
+    becomes diffusers' own checkpoint, tensor for tensor (the way to normalise an original file), and validates; the
+    pickle is read memory-mapped, so the conversion streams as from safetensors."""
+    model_name, _, model = full_size
+    pairing = json.loads((REPO.parent / "shared/data/source-formats/wan2.1-original.json").read_text())["keys"]
+    state = model.state_dict()
+    original = tmp_path / "Wan2.1_VAE.pth"
+    torch.save({key: state[entry["diffusers"]] for key, entry in pairing.items()}, original)
+    out = tmp_path / "torchax"
+    result = run_cli(model_name, "--source", original, "--to", "torchax", "--out", out)
+    assert "source format: wan2.1-original" in result.stderr and manifest(out)["validation"]["ok"]
+    import diffusers
+
+    reloaded = diffusers.AutoencoderKLWan.from_pretrained(out).state_dict()
+    assert reloaded.keys() == state.keys() and all(torch.equal(reloaded[k], v) for k, v in state.items())
+    _assert_streams(model_name, original, tmp_path)
+
+
+def _assert_streams(model_name: str, checkpoint, tmp_path):
+    checkpoint_mb = checkpoint.stat().st_size / 1e6
+    task = dict(source=str(checkpoint), out=str(tmp_path / "out"), model=model_name, target="flax")
     result = subprocess.run(
         [sys.executable, "-m", "bench.run", "--task", "convert", json.dumps(task)],
         cwd=REPO,

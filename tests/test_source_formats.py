@@ -1,0 +1,200 @@
+"""Original release files (Wan2.1_VAE.pth, ComfyUI's wan_2.1_vae.safetensors, Wan2.2_VAE.pth, CogVideoX's SAT
+3d-vae.pt), written from a diffusers model by renaming its keys with the pairings in ../shared/data/source-formats/
+(the oracle for keys): through the CLI they convert to exactly what the diffusers-format checkpoint converts to, and
+what does not fit is refused in one line, leaving nothing behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from converter.errors import InputError, MappingError, UsageError
+from converter.mapping import MAPPINGS_DIR
+from converter.registry import FAMILIES
+from converter.targets import read_output
+from tests.helpers import REPO, fails, manifest, run_cli, save_diffusers
+
+PAIRINGS = REPO.parent / "shared" / "data" / "source-formats"
+WAN, COGVIDEOX = FAMILIES["wan"], FAMILIES["cogvideox"]
+
+# format -> (model name, family, small widths with the released block structure, the file as released, wrapper)
+# The validation decode/encode runs for one target per format (it checks the reference sees the renamed weights);
+# the other target's output is proven by equality with the diffusers checkpoint's conversion.
+VALIDATED = {"wan2.1-original": "flax", "wan2.2-original": "torchax", "cogvideox-sat": "flax"}
+FORMATS = {
+    "wan2.1-original": ("wan2.1", WAN, WAN.small_configs["default-arch"], "Wan2.1_VAE.pth", None),
+    "wan2.2-original": (
+        "wan2.2",
+        WAN,
+        dict(WAN.small_configs["wan2.2-layout"], num_res_blocks=2),
+        "Wan2.2_VAE.pth",
+        None,
+    ),
+    "cogvideox-sat": ("cogvideox-2b", COGVIDEOX, COGVIDEOX.small_configs["default-arch"], "3d-vae.pt", "state_dict"),
+}
+
+
+def pairing(fmt: str) -> dict[str, str]:
+    """original key -> diffusers key, as the shared pairings list them."""
+    keys = json.loads((PAIRINGS / f"{fmt}.json").read_text())["keys"]
+    return {original: entry["diffusers"] for original, entry in keys.items()}
+
+
+def as_released(state: dict, fmt: str) -> dict:
+    return {original: state[diffusers].clone() for original, diffusers in pairing(fmt).items()}
+
+
+def write_original(state: dict, fmt: str, path, wrapper=FORMATS, extra=None):
+    """The diffusers state_dict renamed as the original file has it, pickled as it is released (SAT: wrapped, with
+    training-discriminator tensors beside the model's)."""
+    tensors = {**as_released(state, fmt), **(extra or {})}
+    wrapper = FORMATS[fmt][4] if wrapper is FORMATS else wrapper
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({wrapper: tensors} if wrapper else tensors, path)
+    return path
+
+
+def output_tensors(out) -> dict[str, np.ndarray]:
+    info = read_output(out)
+    weights = info.target.read_weights(info.path, info.fmt, info.family, info.config, info.dtype)
+    return {str(k): np.asarray(v) for k, v in weights.items()}
+
+
+def assert_same_tensors(got: dict, expected: dict):
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype and np.array_equal(got[key], value), key
+
+
+@pytest.fixture(scope="module", params=list(FORMATS))
+def released(request, tmp_path_factory):
+    """(format, model name, config.json of the small widths, the original file, the diffusers folder)."""
+    fmt = request.param
+    model_name, family, config, file_name, _ = FORMATS[fmt]
+    root = tmp_path_factory.mktemp(fmt)
+    model = save_diffusers(family, root / "diffusers", config)
+    extra = {"loss.discriminator.blocks.0.weight": torch.randn(64, 3, 4, 4)} if FORMATS[fmt][4] else None
+    original = write_original(model.state_dict(), fmt, root / "release" / file_name, extra=extra)
+    return fmt, model_name, root / "diffusers" / "config.json", original, root / "diffusers"
+
+
+@pytest.mark.parametrize("target", ["flax", "torchax"])
+def test_original_file_converts_as_its_diffusers_checkpoint(released, tmp_path, target):
+    fmt, model_name, config, original, diffusers_folder = released
+    validate = () if VALIDATED[fmt] == target else ("--no-validate",)
+    args = ("--source", original, "--config", config, "--to", target, "--out", tmp_path / "o", *validate)
+    result = run_cli(model_name, *args)
+    run_cli(model_name, "--source", diffusers_folder, "--to", target, "--out", tmp_path / "d", "--no-validate")
+    assert_same_tensors(output_tensors(tmp_path / "o"), output_tensors(tmp_path / "d"))
+    info = manifest(tmp_path / "o")
+    if not validate:
+        assert info["validation"]["ok"] and len(info["validation"]["checks"]) == 3
+    assert info["source"]["format"] == fmt and f"source format: {fmt}" in result.stderr
+    if FORMATS[fmt][4]:  # the discriminator is named, counted and reported, not converted
+        assert info["source"]["dropped"] == {"training-discriminator": {"tensors": 1, "bytes": 64 * 3 * 4 * 4 * 4}}
+        assert "dropped 1 tensor(s) by rule training-discriminator" in result.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_comfyui_16_bit_safetensors_stays_16_bit(tmp_path, dtype):
+    """ComfyUI's repackaged wan_2.1_vae.safetensors: Wan 2.1's original keys, 16-bit (validated in bfloat16)."""
+    from safetensors.torch import save_file
+
+    model = save_diffusers(WAN, tmp_path / "vae", WAN.small_configs["default-arch"]).to(dtype)
+    model.save_pretrained(tmp_path / "vae-16")
+    save_file(as_released(model.state_dict(), "wan2.1-original"), tmp_path / "wan_2.1_vae.safetensors")
+    config = tmp_path / "vae" / "config.json"
+    args = ("--config", config, "--to", "flax", "--format", "safetensors")
+    validate = () if dtype == torch.bfloat16 else ("--no-validate",)
+    result = run_cli(
+        "wan2.1", "--source", tmp_path / "wan_2.1_vae.safetensors", *args, "--out", tmp_path / "o", *validate
+    )
+    run_cli("wan2.1", "--source", tmp_path / "vae-16", *args, "--out", tmp_path / "d", "--no-validate")
+    name = str(dtype).removeprefix("torch.")
+    assert f"auto -> {name}" in result.stderr and manifest(tmp_path / "o")["dtype"] == name
+    if not validate:
+        assert manifest(tmp_path / "o")["validation"]["ok"]
+    assert_same_tensors(output_tensors(tmp_path / "o"), output_tensors(tmp_path / "d"))
+
+
+@pytest.fixture(scope="module")
+def wan21_state(tmp_path_factory):
+    root = tmp_path_factory.mktemp("wan21")
+    return save_diffusers(WAN, root / "vae", WAN.small_configs["default-arch"]).state_dict(), root / "vae"
+
+
+def _convert(model, source, out, *extra):
+    return [model, "--source", source, "--to", "torchax", "--out", out, *extra]
+
+
+def test_sat_file_without_its_wrapper(tmp_path):
+    state = save_diffusers(COGVIDEOX, tmp_path / "vae", COGVIDEOX.small_configs["default-arch"]).state_dict()
+    bare = write_original(state, "cogvideox-sat", tmp_path / "3d-vae.pt", wrapper=None)
+    out = tmp_path / "out"
+    config = tmp_path / "vae" / "config.json"
+    fails(_convert("cogvideox-2b", bare, out, "--config", config), InputError.exit_code, "'state_dict'", out=out)
+
+
+def test_key_no_rule_knows(wan21_state, tmp_path):
+    state, folder = wan21_state
+    extra = {"decoder.upsamples.0.residual.0.scale": torch.ones(8)}
+    source = write_original(state, "wan2.1-original", tmp_path / "Wan2.1_VAE.pth", extra=extra)
+    out = tmp_path / "out"
+    args = _convert("wan2.1", source, out, "--config", folder / "config.json")
+    fails(args, InputError.exit_code, "'decoder.upsamples.0.residual.0.scale'", "matched by no rule", out=out)
+
+
+def test_other_family_original_file(tmp_path):
+    state = save_diffusers(COGVIDEOX, tmp_path / "vae", COGVIDEOX.small_configs["default-arch"]).state_dict()
+    source = write_original(state, "cogvideox-sat", tmp_path / "3d-vae.pt")
+    out = tmp_path / "out"
+    fails(_convert("wan2.1", source, out), InputError.exit_code, "cogvideox-sat", "`vae-convert cogvideox-2b`", out=out)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "named", "hint"), [("wan2.2-original", "wan2.1", "wan2.2"), ("wan2.1-original", "wan2.2", "wan2.1")]
+)
+def test_original_file_of_the_other_wan_variant(tmp_path, fmt, named, hint):
+    _, family, config, file_name, _ = FORMATS[fmt]
+    state = save_diffusers(family, tmp_path / "vae", config).state_dict()
+    source = write_original(state, fmt, tmp_path / file_name)
+    out = tmp_path / "out"
+    fails(_convert(named, source, out), InputError.exit_code, f"({fmt})", f"`vae-convert {hint}`", out=out)
+
+
+def test_forced_format_of_another_family(wan21_state, tmp_path):
+    state, _ = wan21_state
+    source = write_original(state, "wan2.1-original", tmp_path / "Wan2.1_VAE.pth")
+    out = tmp_path / "out"
+    args = _convert("wan2.1", source, out, "--source-format", "cogvideox-sat")
+    fails(args, UsageError.exit_code, "--source-format cogvideox-sat", "wan2.1-original", out=out)
+
+
+def test_drop_rule_that_would_swallow_a_model_key(wan21_state, tmp_path):
+    """A mapping whose drop rule also matches model keys: refused as a mapping fault, whatever the file."""
+    state, folder = wan21_state
+    text = (MAPPINGS_DIR / "wan.yaml").read_text()
+    greedy = "    drop:\n      - name: greedy\n        match: 'decoder\\.head\\..+'\n"
+    anchor = "  wan2.2-original:\n"
+    (tmp_path / "wan.yaml").write_text(text.replace(anchor, greedy + "\n" + anchor))
+    source = write_original(state, "wan2.1-original", tmp_path / "Wan2.1_VAE.pth")
+    out = tmp_path / "out"
+    args = _convert("wan2.1", source, out, "--config", folder / "config.json", "--mapping", tmp_path / "wan.yaml")
+    fails(args, MappingError.exit_code, "drop rule would swallow", "'decoder.head.0.gamma'", out=out)
+
+
+def test_original_file_in_a_release_folder_ignores_the_config_beside_it(wan21_state, tmp_path):
+    """The original repos keep the diffusion model's config.json beside the VAE file: it is not the VAE's config."""
+    state, folder = wan21_state
+    release = tmp_path / "Wan2.1-T2V-1.3B"
+    release.mkdir()
+    (release / "config.json").write_text(json.dumps({"_class_name": "WanModel", "dim": 1536}))
+    source = write_original(state, "wan2.1-original", release / "Wan2.1_VAE.pth")
+    shutil.copy(folder / "config.json", tmp_path / "vae-config.json")
+    args = _convert("wan2.1", source, tmp_path / "out", "--config", tmp_path / "vae-config.json", "--no-validate")
+    run_cli(*args)
+    assert manifest(tmp_path / "out")["source"]["format"] == "wan2.1-original"
