@@ -31,6 +31,7 @@ class TargetReport:
 @dataclasses.dataclass
 class FormatReport:
     name: str
+    renames: bool  # False: diffusers' own keys
     proven_against: str | None  # the pairings file, None when there was nothing to prove it against
     keys: int
     rules: list[dict]  # {"name", "where", "hits"}
@@ -101,16 +102,18 @@ def _check_format(rules, family, fmt, configs, pairings: Path | None) -> FormatR
             for key in fmt.signature
             if key not in targets.meta_torch(family, config).state_dict()
         ]
-        return FormatReport(fmt.name, None, 0, [], problems)
+        return FormatReport(fmt.name, False, None, 0, [], problems)
     if pairings is None or fmt.pairings is None:
-        return FormatReport(fmt.name, None, 0, [], [] if pairings is None else [f"{fmt.where}: no 'pairings' file"])
+        return FormatReport(
+            fmt.name, True, None, 0, [], [] if pairings is None else [f"{fmt.where}: no 'pairings' file"]
+        )
     path = Path(pairings) / fmt.pairings
     try:
         listed = json.loads(path.read_text())["keys"]
     except (OSError, ValueError, KeyError) as e:
-        return FormatReport(fmt.name, str(path), 0, [], [f"{path}: not a readable pairings file ({e})"])
+        return FormatReport(fmt.name, True, str(path), 0, [], [f"{path}: not a readable pairings file ({e})"])
     if fmt.model not in MODELS:
-        return FormatReport(fmt.name, str(path), len(listed), [], [f"{fmt.where}: unknown model {fmt.model!r}"])
+        return FormatReport(fmt.name, True, str(path), len(listed), [], [f"{fmt.where}: unknown model {fmt.model!r}"])
     config = config_from_dict(family, MODELS[fmt.model].config)
     diffusers = {k: tuple(v.shape) for k, v in targets.meta_torch(family, config).state_dict().items()}
     source = {k: tuple(v["shape"]) for k, v in listed.items()}
@@ -130,7 +133,7 @@ def _check_format(rules, family, fmt, configs, pairings: Path | None) -> FormatR
         f"rule {r.name!r} ({r.where}) matches no key of {fmt.pairings}" for r in fmt.rules if not result.hits[r]
     ]
     rule_rows = [{"name": r.name, "where": r.where, "hits": result.hits[r]} for r in fmt.rules + fmt.drops]
-    return FormatReport(fmt.name, str(path), len(listed), rule_rows, problems)
+    return FormatReport(fmt.name, True, str(path), len(listed), rule_rows, problems)
 
 
 def _check_target(rules, family, configs, target) -> TargetReport:
@@ -201,11 +204,11 @@ def as_text(reports: list[FileReport], seconds: float) -> str:
 
 
 def _proof(f: FormatReport) -> str:
-    if not f.rules:
+    if not f.renames:
         return "diffusers' keys, signature checked against every config"
     if f.proven_against is None:
         return "not proven (pass --pairings DIR)"
-    return f"{f.keys} keys of {Path(f.proven_against).name} renamed as listed"
+    return f"{f.keys} keys of {Path(f.proven_against).name}" + (" renamed as listed" if f.ok else "")
 
 
 def run(paths: list[Path], only_target: str | None, pairings: Path | None = None) -> tuple[list[FileReport], float]:

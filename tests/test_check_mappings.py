@@ -121,3 +121,47 @@ def test_malformed_file_names_file_and_line(tmp_path, edit, message):
     assert result.exit_code == MappingError.exit_code
     assert message in result.output
     assert re.search(rf"{re.escape(str(path))}:\d+", result.output)
+
+
+PAIRINGS = MAPPINGS_DIR.parent.parent / "shared" / "data" / "source-formats"
+
+
+def _formats(tmp_path, text):
+    _, result = _check(tmp_path, text, "--target", "torchax", "--pairings", str(PAIRINGS))
+    return result
+
+
+def test_source_formats_proven_against_the_pairings(tmp_path):
+    result = _formats(tmp_path, REAL)
+    assert result.exit_code == 0, result.output
+    assert "source format wan2.1-original: 194 keys of wan2.1-original.json renamed as listed" in result.output
+    assert "source format wan2.2-original: 196 keys of wan2.2-original.json renamed as listed" in result.output
+    unproven = CliRunner().invoke(cli, ["check-mappings", str(MAPPINGS_DIR / "wan.yaml"), "--target", "torchax"])
+    assert unproven.exit_code == 0 and "not proven (pass --pairings DIR)" in unproven.output
+
+
+def test_wrong_lookup_entry_is_caught_by_the_pairings(tmp_path):
+    """Two residual blocks of a level swapped in the lookup: their shapes are equal, so only the pairings tell."""
+    broken = REAL.replace("{0: 0.resnets.0, 1: 0.resnets.1,", "{0: 0.resnets.1, 1: 0.resnets.0,")
+    assert broken != REAL
+    result = _formats(tmp_path, broken)
+    assert result.exit_code == MappingError.exit_code
+    assert "'decoder.upsamples.0.residual.2.weight' becomes 'decoder.up_blocks.0.resnets.1.conv1.weight'" in (
+        result.output
+    )
+    assert "the pairings say 'decoder.up_blocks.0.resnets.0.conv1.weight'" in result.output
+
+
+def test_index_missing_from_a_lookup(tmp_path):
+    broken = REAL.replace("up_upsampler: {3: 0, 7: 1, 11: 2}", "up_upsampler: {3: 0, 7: 1}")
+    result = _formats(tmp_path, broken)
+    assert result.exit_code == MappingError.exit_code
+    assert "'decoder.upsamples.11.resample.1.weight': n 11 is not in lookup 'up_upsampler'" in result.output
+
+
+def test_drop_rule_taking_a_model_key(tmp_path):
+    greedy = "    drop:\n      - name: greedy\n        match: 'conv2\\..+'\n"
+    broken = REAL.replace("  wan2.2-original:\n", greedy + "\n  wan2.2-original:\n")
+    result = _formats(tmp_path, broken)
+    assert result.exit_code == MappingError.exit_code
+    assert "'conv2.weight' is matched by 2 rules (a drop rule would swallow)" in result.output

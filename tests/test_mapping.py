@@ -1,5 +1,6 @@
 """The mapping engine on hand-made rules: strict both ways, messages that name the key, the rule and file:line."""
 
+import re
 import textwrap
 
 import pytest
@@ -98,3 +99,42 @@ def test_named_patterns_are_written_once_and_unknown_names_are_errors(tmp_path):
     assert len(plan(_mapping(tmp_path, named), "flax", shapes, target)) == len(shapes)
     with pytest.raises(MappingError, match=r"toy\.yaml:\d+: unknown pattern \{nothing\}"):
         _mapping(tmp_path, named.replace("({layer})", "({nothing})"))
+
+
+FORMAT = """
+family: toy
+targets:
+  flax: []
+source_formats:
+  release:
+    signature: [up.0.w]
+    lookups:
+      level: {0: 1, 1: 0}
+    rules:
+      - name: up
+        match: 'up\\.(?P<n>\\d+)\\.w'
+        to: 'blocks.{n}.w'
+        lookup: {LOOKUP}
+"""
+
+
+@pytest.mark.parametrize(
+    ("lookup", "needle"),
+    [("{m: level}", "lookup names group 'm'"), ("{n: levels}", "unknown lookup table 'levels' (declared: level)")],
+)
+def test_lookup_that_cannot_apply_is_refused_when_loading(tmp_path, lookup, needle):
+    with pytest.raises(MappingError, match=re.escape(needle)) as caught:
+        _mapping(tmp_path, FORMAT.replace("{LOOKUP}", lookup))
+    rule_line = FORMAT.splitlines().index("      - name: up") + 1
+    assert f"toy.yaml:{rule_line}:" in str(caught.value)
+
+
+def test_lookup_renumbers_by_index(tmp_path):
+    from converter.mapping import rename_keys
+
+    rules = _mapping(tmp_path, FORMAT.replace("{LOOKUP}", "{n: level}"))
+    result = rename_keys(
+        rules, rules.formats["release"], {"up.0.w": (2,), "up.1.w": (3,)}, {"blocks.1.w": (2,), "blocks.0.w": (3,)}
+    )
+    assert not result.problems
+    assert {a.source_key: a.target_key for a in result.assignments} == {"up.0.w": "blocks.1.w", "up.1.w": "blocks.0.w"}
