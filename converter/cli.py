@@ -86,6 +86,7 @@ def cli():
 )
 @click.option("--offline", is_flag=True, help="Use the local Hugging Face cache only (also HF_HUB_OFFLINE=1).")
 @click.option("--no-validate", "skip_validation", is_flag=True, help="Skip the decode/encode check.")
+@click.option("--no-preview", is_flag=True, help="Do not draw validation.png (the picture of the validation).")
 @click.option("--force", is_flag=True, help="Replace an earlier output at --out (only once the new one is complete).")
 @click.option(
     "--keep-invalid", is_flag=True, help="Keep an output that fails validation (the exit code still says so)."
@@ -118,6 +119,7 @@ def convert(
     dtype,
     offline,
     skip_validation,
+    no_preview,
     force,
     keep_invalid,
     allow_nonfinite,
@@ -146,6 +148,7 @@ def convert(
             dtype=dtype,
             force=force,
             validate=not skip_validation,
+            preview=not no_preview,
             mapping_file=mapping_file,
             source_format=source_format,
             config_file=config_file,
@@ -187,6 +190,7 @@ def convert(
     help="Output dtype; auto keeps DIR's.",
 )
 @click.option("--no-validate", "skip_validation", is_flag=True, help="Skip the decode/encode check.")
+@click.option("--no-preview", is_flag=True, help="Do not draw validation.png (the picture of the validation).")
 @click.option("--force", is_flag=True, help="Replace an earlier output at --out (only once the new one is complete).")
 @click.option("--keep-invalid", is_flag=True, help="Keep an output that fails validation (the exit code says so).")
 @click.option("--push-to-hub", metavar="ORG/NAME", help="Publish the result with a model card.")
@@ -196,8 +200,8 @@ def convert(
 @click.option("--commit-message", help="With --push-to-hub: the commit message.")
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
 def export(
-    source, out, dtype, skip_validation, force, keep_invalid, push_to_hub, private, push_revision, create_pr,
-    commit_message, verbose,
+    source, out, dtype, skip_validation, no_preview, force, keep_invalid, push_to_hub, private, push_revision,
+    create_pr, commit_message, verbose,
 ):  # fmt: skip
     """Write a Flax output DIR (converted, or saved with converter.save) back as a diffusers checkpoint at --out:
     config.json and diffusion_pytorch_model.safetensors, validated against the Flax model."""
@@ -214,6 +218,7 @@ def export(
         dtype=dtype,
         force=force,
         validate=not skip_validation,
+        preview=not no_preview,
         keep_invalid=keep_invalid,
         say=_say,
         progress=_progress,

@@ -35,6 +35,7 @@ class ExportRequest:
     dtype: str = "auto"  # auto: the source's
     force: bool = False
     validate: bool = True
+    preview: bool = True  # validation.png beside the weights
     keep_invalid: bool = False
     say: Callable[[str], None] = silent
     progress: Callable = no_progress
@@ -128,8 +129,8 @@ def _validate(req, family, config, source, work, record, out) -> list:
         return []
     req.say("validating: decode and encode of the exported weights against the Flax model ...")
     reference = FLAX.runner(load_output(source))
-    comparisons = validate.compare_runners(family, config, validate.TorchRunner(load_output(work)), reference)
-    return record_validation(comparisons, record, work, out, req.say, req.keep_invalid)
+    outcome = validate.compare_runners(family, config, validate.TorchRunner(load_output(work)), reference)
+    return record_validation(outcome, family, config, record, work, out, req)
 
 
 def _copy_diffusers_output(req, source: Path, manifest: dict, folder: OutputFolder, started: float) -> Summary:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from converter import __version__, mapping, source_formats, sources, validate
+from converter import __version__, mapping, preview, source_formats, sources, validate
 from converter.errors import InputError, MappingError, OutputError, ValidationError
 from converter.output import MANIFEST, TOOL, OutputFolder, write_json
 from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
@@ -47,6 +47,7 @@ class Request:
     config_file: Path | None = None  # a config.json to use instead of the source's or the model's
     allow_nonfinite: bool = False
     keep_invalid: bool = False
+    preview: bool = True  # validation.png beside the weights
     say: Callable[[str], None] = silent
     progress: Callable[[Iterable, str], Iterable] = no_progress
 
@@ -330,22 +331,30 @@ def _validate(req, plan, dtype, work, manifest, out) -> list:
         return []
     req.say("validating: decode and encode against the PyTorch reference on the source weights ...")
     family = req.model.family
-    comparisons = validate.run(family, plan.config, req.target.runner(load_output(work)), plan.weights, dtype)
-    return record_validation(comparisons, manifest, work, out, req.say, req.keep_invalid)
+    outcome = validate.run(family, plan.config, req.target.runner(load_output(work)), plan.weights, dtype)
+    return record_validation(outcome, family, plan.config, manifest, work, out, req)
 
 
-def record_validation(comparisons, manifest: dict, work: Path, out: Path, say, keep_invalid: bool) -> list:
-    """Writes the comparisons into the work folder's manifest and reports them; fails unless all passed or the user
-    keeps invalid outputs."""
+def record_validation(outcome, family, config, manifest: dict, work: Path, out: Path, req) -> list:
+    """Writes the comparisons (and, unless --no-preview, validation.png) into the work folder and reports them; fails
+    unless all passed or the user keeps invalid outputs (`req`'s say, keep_invalid, preview)."""
+    comparisons = outcome.comparisons
     manifest["validation"] = {
         "rtol": validate.RTOL,
         "ok": all(c.ok for c in comparisons),
         "checks": [c.as_dict() for c in comparisons],
     }
+    if req.preview:
+        maxima = outcome.picture(work / preview.FILE_NAME, family, config)
+        manifest["validation"]["preview"] = {"file": preview.FILE_NAME, "max_abs": maxima}
     write_json(work / MANIFEST, manifest)
-    say("\n".join(c.line() for c in comparisons))
+    req.say("\n".join(c.line() for c in comparisons))
+    if req.preview:
+        req.say(
+            f"  picture: {preview.FILE_NAME} (a test clip encoded and decoded, the validation latent decoded, by both)"
+        )
     failed = [c for c in comparisons if not c.ok]
-    if failed and not keep_invalid:
+    if failed and not req.keep_invalid:
         raise ValidationError(f"{failure_message(failed)}; nothing written to {out} (--keep-invalid keeps it)")
     return comparisons
 

@@ -83,6 +83,12 @@ def model_card(manifest: dict, repo_id: str) -> str:
         if checks
         else "Not validated (converted with --no-validate)."
     )
+    picture = manifest.get("validation", {}).get("preview")
+    if picture:
+        validation += (
+            f"\n\n![A test clip encoded and decoded, and the validation latent decoded, by the converted model and the "
+            f"reference, with heat maps of their difference]({picture['file']})"
+        )
     revision = source.get("revision") or ", ".join(f"{k} sha256 {v}" for k, v in source.get("sha256", {}).items())
     usage = TARGETS[target].usage
     mapping = manifest.get("mapping")

@@ -103,17 +103,33 @@ def reference_model(family, config, source_weights, dtype):
     return model
 
 
-def compare_runners(family, config, runner, reference) -> list[Comparison]:
+@dataclasses.dataclass
+class Outcome:
+    """A validation: its comparisons, and what the picture of it needs (both runners, both decodes)."""
+
+    comparisons: list[Comparison]
+    runner: object
+    reference: object
+    decoded: tuple[np.ndarray, np.ndarray]  # the validation latent decoded by runner, by reference
+
+    def picture(self, path, family, config) -> dict:
+        from converter import preview
+
+        return preview.write(path, family, config, self.runner, self.reference, self.decoded)
+
+
+def compare_runners(family, config, runner, reference) -> Outcome:
     """Decodes and encodes the validation inputs with both (channels-first runners); `reference` is the expected."""
     latent, video = validation_inputs(family, config)
     outputs = {}
     for name, drive in (("got", runner), ("expected", reference)):
         mean, logvar = drive.encode(video)
         outputs[name] = {"decode": drive.decode(latent), "encode.mean": mean, "encode.logvar": logvar}
-    return [compare(name, outputs["got"][name], outputs["expected"][name]) for name in outputs["expected"]]
+    comparisons = [compare(name, outputs["got"][name], outputs["expected"][name]) for name in outputs["expected"]]
+    return Outcome(comparisons, runner, reference, (outputs["got"]["decode"], outputs["expected"]["decode"]))
 
 
-def run(family, config, runner, source_weights, dtype) -> list[Comparison]:
+def run(family, config, runner, source_weights, dtype) -> Outcome:
     """`runner` (a target's runner around the converted model) against the PyTorch reference on the source weights."""
     reference = TorchRunner(reference_model(family, config, source_weights, dtype))
     return compare_runners(family, config, runner, reference)

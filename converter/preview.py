@@ -1,0 +1,158 @@
+"""validation.png: a picture of every validation. The report's numbers say the conversion is right; the picture shows
+what the converted model does beside the model it was checked against, and where the two differ:
+
+  reconstruction   a test clip made here (moving shapes, colour gradients, fine high-contrast stripes), encoded and
+                   decoded by each model: rows input, converted, reference, |converted - reference|
+  latent decode    the validation's fixed latent decoded by each: rows converted, reference, |converted - reference|
+
+Each heat map has its colour scale and its max written beside it; the PNG also carries those maxima as text chunks.
+With random weights the frames are noise, with real weights reconstructions; the heat maps show the conversion
+either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+FILE_NAME = "validation.png"
+TILE = 128  # every frame is scaled (nearest neighbour) to fit a TILE x TILE square
+GAP = 4
+LABEL_WIDTH = 150
+TITLE_HEIGHT = 22
+SCALE_HEIGHT = 30  # the colour bar under each heat map row
+MAX_FRAMES = 5
+BACKGROUND = (255, 255, 255)
+# black -> purple -> orange -> light yellow: |Δ| from 0 to the section's max
+HEAT_ANCHORS = np.array([[0, 0, 4], [120, 28, 109], [237, 105, 37], [252, 255, 164]], dtype=np.float64)
+HEAT_TEXT_KEYS = {"reconstruction": "reconstruction max |diff|", "decode": "decode max |diff|"}
+
+
+def heat_colours(levels: np.ndarray) -> np.ndarray:
+    """levels in [0, 1] -> uint8 RGB along HEAT_ANCHORS."""
+    points = np.linspace(0.0, 1.0, len(HEAT_ANCHORS))
+    rgb = [np.interp(levels, points, HEAT_ANCHORS[:, c]) for c in range(3)]
+    return np.clip(np.rint(np.stack(rgb, axis=-1)), 0, 255).astype(np.uint8)
+
+
+def validation_clip(shape: tuple) -> np.ndarray:
+    """A (B, C, T, H, W) clip in [-1, 1]: a diagonal colour gradient, a disc moving right, a square moving down, and a
+    patch of one-pixel stripes whose phase shifts each frame (fine high-contrast detail)."""
+    batch, channels, frames, height, width = shape
+    y, x = np.mgrid[0:height, 0:width] / np.array([max(height - 1, 1), max(width - 1, 1)])[:, None, None]
+    clip = np.empty((frames, 3, height, width))
+    for t in range(frames):
+        phase = t / max(frames - 1, 1)
+        frame = np.stack([x, y, 1.0 - (x + y) / 2])
+        disc = (x - 0.15 - 0.6 * phase) ** 2 + (y - 0.35) ** 2 < 0.02
+        frame[:, disc] = np.array([1.0, 0.1, 0.1])[:, None]
+        square = (np.abs(x - 0.75) < 0.1) & (np.abs(y - 0.1 - 0.5 * phase) < 0.1)
+        frame[:, square] = np.array([0.1, 0.2, 1.0])[:, None]
+        stripes = (x < 0.4) & (y > 0.65)
+        columns = np.arange(width)[None, :].repeat(height, 0)
+        frame[:, stripes] = ((columns[stripes] + t) % 2).astype(np.float64)[None, :]
+        clip[t] = frame
+    clip = clip[:, np.arange(channels) % 3]  # other channel counts repeat RGB
+    return np.broadcast_to((clip * 2.0 - 1.0).transpose(1, 0, 2, 3), (batch, channels, frames, height, width)).astype(
+        np.float32
+    )
+
+
+def to_rgb(frame: np.ndarray) -> np.ndarray:
+    """(C, H, W) in [-1, 1] -> (H, W, 3) uint8; the first three channels (one channel is shown grey)."""
+    channels = frame[:3] if frame.shape[0] >= 3 else np.repeat(frame[:1], 3, axis=0)
+    return np.clip(np.rint((channels.transpose(1, 2, 0) + 1.0) * 127.5), 0, 255).astype(np.uint8)
+
+
+def frame_indices(frames: int) -> list[int]:
+    """At most MAX_FRAMES frames, evenly spread, first and last included."""
+    return sorted({int(round(i)) for i in np.linspace(0, frames - 1, min(frames, MAX_FRAMES))})
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Where each panel lies: sections stacked, each a title, rows of frame tiles and, under its heat map row, a
+    colour bar with its scale."""
+
+    reconstruction_frames: int
+    decode_frames: int
+
+    def section_height(self, rows: int) -> int:
+        return TITLE_HEIGHT + rows * (TILE + GAP) + SCALE_HEIGHT + GAP
+
+    @property
+    def size(self) -> tuple[int, int]:
+        columns = max(self.reconstruction_frames, self.decode_frames, 2)  # the colour bar spans two tiles
+        return LABEL_WIDTH + columns * (TILE + GAP), self.section_height(4) + self.section_height(3)
+
+    def tile(self, section: str, row: int, column: int) -> tuple[int, int]:
+        """The top-left corner of a frame tile: section "reconstruction" (rows input, converted, reference, heat map)
+        or "decode" (rows converted, reference, heat map)."""
+        top = 0 if section == "reconstruction" else self.section_height(4)
+        return LABEL_WIDTH + column * (TILE + GAP), top + TITLE_HEIGHT + row * (TILE + GAP)
+
+    def colour_bar(self, section: str) -> tuple[int, int, int, int]:
+        """(left, top, right, bottom) of a section's colour bar."""
+        rows = 4 if section == "reconstruction" else 3
+        top = (0 if section == "reconstruction" else self.section_height(4)) + TITLE_HEIGHT + rows * (TILE + GAP)
+        return LABEL_WIDTH, top, LABEL_WIDTH + 2 * TILE, top + 10
+
+
+def write(path: Path, family, config, runner, reference, decoded: tuple[np.ndarray, np.ndarray]) -> dict:
+    """Draws validation.png at `path`: `runner` (the converted model) and `reference` are channels-first runners,
+    `decoded` the validation latent's decode by each (as the report compared them). Returns the heat maps' maxima."""
+    clip = validation_clip(family.validation_video_shape(config))
+    reconstructions = [drive.decode(drive.encode(clip)[0]) for drive in (runner, reference)]
+    frames = min(clip.shape[2], *(r.shape[2] for r in reconstructions))
+    sections = {
+        "reconstruction": [clip[0, :, :frames], reconstructions[0][0, :, :frames], reconstructions[1][0, :, :frames]],
+        "decode": [decoded[0][0], decoded[1][0]],
+    }
+    layout = Layout(len(frame_indices(frames)), len(frame_indices(decoded[0].shape[2])))
+    return _draw(path, layout, sections)
+
+
+def _draw(path: Path, layout: Layout, sections: dict) -> dict:
+    from PIL import Image, ImageDraw, PngImagePlugin
+
+    image = Image.new("RGB", layout.size, BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    maxima, text = {}, PngImagePlugin.PngInfo()
+    titles = {"reconstruction": "test clip: encode -> decode", "decode": "validation latent: decode"}
+    labels = {"reconstruction": ["input", "converted", "reference", "|difference|"]}
+    labels["decode"] = labels["reconstruction"][1:]
+    for section, videos in sections.items():
+        got, expected = videos[-2], videos[-1]
+        difference = np.abs(got.astype(np.float64) - expected.astype(np.float64)).max(axis=0)  # (T, H, W)
+        maxima[section] = float(difference.max())
+        _, top = layout.tile(section, 0, 0)
+        draw.text((4, top - TITLE_HEIGHT + 4), titles[section], fill=(0, 0, 0))
+        indices = frame_indices(got.shape[1])
+        rows = [[to_rgb(video[:, t]) for t in indices] for video in videos]
+        rows.append(
+            [heat_colours(difference[t] / maxima[section] if maxima[section] else difference[t]) for t in indices]
+        )
+        for row, (label, tiles) in enumerate(zip(labels[section], rows)):
+            x, y = layout.tile(section, row, 0)
+            draw.text((4, y + TILE // 2 - 6), label, fill=(0, 0, 0))
+            for column, tile in enumerate(tiles):
+                image.paste(_scaled(Image.fromarray(tile)), layout.tile(section, row, column))
+        left, top, right, bottom = layout.colour_bar(section)
+        bar = heat_colours(np.linspace(0.0, 1.0, right - left))[None].repeat(bottom - top, axis=0)
+        image.paste(Image.fromarray(bar), (left, top))
+        draw.text((left, bottom + 2), "0", fill=(0, 0, 0))
+        draw.text((right - 70, bottom + 2), f"max {maxima[section]:.2e}", fill=(0, 0, 0))
+        text.add_text(HEAT_TEXT_KEYS[section], repr(maxima[section]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, pnginfo=text)
+    return maxima
+
+
+def _scaled(tile):
+    """A frame scaled by a whole factor (nearest neighbour: every source pixel a square block) to fit TILE."""
+    from PIL import Image
+
+    factor = max(1, TILE // max(tile.size))
+    return tile.resize((tile.size[0] * factor, tile.size[1] * factor), Image.Resampling.NEAREST)

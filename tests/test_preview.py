@@ -1,0 +1,70 @@
+"""validation.png: written by every validated conversion (unless --no-preview), with the panels the layout promises,
+frames drawn from the test clip, heat maps on their colour scale, the decode heat map's max equal to the report's,
+and embedded in the model card."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from converter import preview
+from converter.models.wan.config import WanVAEConfig
+from converter.publish import model_card
+from converter.registry import FAMILIES
+from tests.helpers import manifest, run_cli
+
+WAN = FAMILIES["wan"]
+
+
+@pytest.fixture(scope="module")
+def converted(wan_small, tmp_path_factory):
+    source, _ = wan_small
+    out = tmp_path_factory.mktemp("preview") / "out"
+    run_cli("wan2.1", "--source", source, "--to", "flax", "--out", out)
+    return source, out
+
+
+def test_picture_has_the_panels_and_the_report_max(converted):
+    source, out = converted
+    image = Image.open(out / "validation.png")
+    config = WanVAEConfig.from_dict(WAN.small_configs["default-arch"])
+    clip = preview.validation_clip(WAN.validation_video_shape(config))  # (1, 3, 5, 32, 32)
+    decoded_frames = 9  # the validation latent's 3 frames decode to 9
+    layout = preview.Layout(len(preview.frame_indices(5)), len(preview.frame_indices(decoded_frames)))
+    assert image.size == layout.size
+    pixels = np.asarray(image.convert("RGB"))
+
+    # the input row is the test clip, each source pixel a square block (32 px frames scaled 4x into 128 px tiles)
+    scale = preview.TILE // 32
+    for column, t in enumerate(preview.frame_indices(5)):
+        x, y = layout.tile("reconstruction", 0, column)
+        expected = preview.to_rgb(clip[0, :, t])
+        for sy, sx in ((3, 5), (16, 16), (28, 2)):
+            assert tuple(pixels[y + sy * scale + 1, x + sx * scale + 2]) == tuple(expected[sy, sx])
+
+    # colour bars run from the scale's zero to its top; each heat map's hottest pixel is the top of the scale
+    columns = {"reconstruction": layout.reconstruction_frames, "decode": layout.decode_frames}
+    for section, row in (("reconstruction", 3), ("decode", 2)):
+        left, top, right, _ = layout.colour_bar(section)
+        assert tuple(pixels[top + 2, left]) == tuple(preview.heat_colours(np.array(0.0)))
+        assert tuple(pixels[top + 2, right - 1]) == tuple(preview.heat_colours(np.array(1.0)))
+        corners = [layout.tile(section, row, column) for column in range(columns[section])]
+        heat = np.concatenate([pixels[y : y + preview.TILE, x : x + preview.TILE].reshape(-1, 3) for x, y in corners])
+        hottest = heat[heat.astype(int).sum(axis=1).argmax()]
+        assert tuple(hottest) == tuple(preview.heat_colours(np.array(1.0)))
+
+    recorded = manifest(out)["validation"]
+    decode = next(c for c in recorded["checks"] if c["output"] == "decode")
+    assert float(image.text[preview.HEAT_TEXT_KEYS["decode"]]) == decode["max_abs"]
+    assert recorded["preview"]["max_abs"]["decode"] == decode["max_abs"]
+    card = model_card(manifest(out), "me/wan-flax")
+    assert "](validation.png)" in card
+
+
+def test_no_preview(wan_small, tmp_path):
+    source, _ = wan_small
+    run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--no-preview")
+    assert not (tmp_path / "out" / "validation.png").exists()
+    assert "preview" not in manifest(tmp_path / "out")["validation"]
+    assert "](validation.png)" not in model_card(manifest(tmp_path / "out"), "me/wan-tx")
