@@ -130,7 +130,7 @@ def _validate(req, family, config, source, work, record, out) -> list:
     req.say("validating: decode and encode of the exported weights against the Flax model ...")
     reference = FLAX.runner(load_output(source))
     outcome = validate.compare_runners(family, config, validate.TorchRunner(load_output(work)), reference)
-    return record_validation(outcome, family, config, record, work, out, req)
+    return record_validation(outcome, record, work, out, req)
 
 
 def _copy_diffusers_output(req, source: Path, manifest: dict, folder: OutputFolder, started: float) -> Summary:

@@ -332,10 +332,10 @@ def _validate(req, plan, dtype, work, manifest, out) -> list:
     req.say("validating: decode and encode against the PyTorch reference on the source weights ...")
     family = req.model.family
     outcome = validate.run(family, plan.config, req.target.runner(load_output(work)), plan.weights, dtype)
-    return record_validation(outcome, family, plan.config, manifest, work, out, req)
+    return record_validation(outcome, manifest, work, out, req)
 
 
-def record_validation(outcome, family, config, manifest: dict, work: Path, out: Path, req) -> list:
+def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> list:
     """Writes the comparisons (and, unless --no-preview, validation.png) into the work folder and reports them; fails
     unless all passed or the user keeps invalid outputs (`req`'s say, keep_invalid, preview)."""
     comparisons = outcome.comparisons
@@ -345,7 +345,7 @@ def record_validation(outcome, family, config, manifest: dict, work: Path, out: 
         "checks": [c.as_dict() for c in comparisons],
     }
     if req.preview:
-        maxima = outcome.picture(work / preview.FILE_NAME, family, config)
+        maxima = outcome.picture(work / preview.FILE_NAME)
         manifest["validation"]["preview"] = {"file": preview.FILE_NAME, "max_abs": maxima}
     write_json(work / MANIFEST, manifest)
     req.say("\n".join(c.line() for c in comparisons))

@@ -1,8 +1,9 @@
 """validation.png: a picture of every validation. The report's numbers say the conversion is right; the picture shows
 what the converted model does beside the model it was checked against, and where the two differ:
 
-  reconstruction   a test clip made here (moving shapes, colour gradients, fine high-contrast stripes), encoded and
-                   decoded by each model: rows input, converted, reference, |converted - reference|
+  reconstruction   the validation's test clip (validate.validation_clip: moving shapes, colour gradients, fine
+                   high-contrast stripes), encoded and decoded by each model: rows input, converted, reference,
+                   |converted - reference|
   latent decode    the validation's fixed latent decoded by each: rows converted, reference, |converted - reference|
 
 Each heat map has its colour scale and its max written beside it; the PNG also carries those maxima as text chunks.
@@ -35,29 +36,6 @@ def heat_colours(levels: np.ndarray) -> np.ndarray:
     points = np.linspace(0.0, 1.0, len(HEAT_ANCHORS))
     rgb = [np.interp(levels, points, HEAT_ANCHORS[:, c]) for c in range(3)]
     return np.clip(np.rint(np.stack(rgb, axis=-1)), 0, 255).astype(np.uint8)
-
-
-def validation_clip(shape: tuple) -> np.ndarray:
-    """A (B, C, T, H, W) clip in [-1, 1]: a diagonal colour gradient, a disc moving right, a square moving down, and a
-    patch of one-pixel stripes whose phase shifts each frame (fine high-contrast detail)."""
-    batch, channels, frames, height, width = shape
-    y, x = np.mgrid[0:height, 0:width] / np.array([max(height - 1, 1), max(width - 1, 1)])[:, None, None]
-    clip = np.empty((frames, 3, height, width))
-    for t in range(frames):
-        phase = t / max(frames - 1, 1)
-        frame = np.stack([x, y, 1.0 - (x + y) / 2])
-        disc = (x - 0.15 - 0.6 * phase) ** 2 + (y - 0.35) ** 2 < 0.02
-        frame[:, disc] = np.array([1.0, 0.1, 0.1])[:, None]
-        square = (np.abs(x - 0.75) < 0.1) & (np.abs(y - 0.1 - 0.5 * phase) < 0.1)
-        frame[:, square] = np.array([0.1, 0.2, 1.0])[:, None]
-        stripes = (x < 0.4) & (y > 0.65)
-        columns = np.arange(width)[None, :].repeat(height, 0)
-        frame[:, stripes] = ((columns[stripes] + t) % 2).astype(np.float64)[None, :]
-        clip[t] = frame
-    clip = clip[:, np.arange(channels) % 3]  # other channel counts repeat RGB
-    return np.broadcast_to((clip * 2.0 - 1.0).transpose(1, 0, 2, 3), (batch, channels, frames, height, width)).astype(
-        np.float32
-    )
 
 
 def to_rgb(frame: np.ndarray) -> np.ndarray:
@@ -100,11 +78,10 @@ class Layout:
         return LABEL_WIDTH, top, LABEL_WIDTH + 2 * TILE, top + 10
 
 
-def write(path: Path, family, config, runner, reference, decoded: tuple[np.ndarray, np.ndarray]) -> dict:
-    """Draws validation.png at `path`: `runner` (the converted model) and `reference` are channels-first runners,
-    `decoded` the validation latent's decode by each (as the report compared them). Returns the heat maps' maxima."""
-    clip = validation_clip(family.validation_video_shape(config))
-    reconstructions = [drive.decode(drive.encode(clip)[0]) for drive in (runner, reference)]
+def write(path: Path, clip: np.ndarray, reconstructions: tuple, decoded: tuple) -> dict:
+    """Draws validation.png at `path` from channels-first videos: the test clip, its reconstruction by the converted
+    model and by the reference, and the validation latent's decode by each (as the report compared them). Returns
+    the heat maps' maxima."""
     frames = min(clip.shape[2], *(r.shape[2] for r in reconstructions))
     sections = {
         "reconstruction": [clip[0, :, :frames], reconstructions[0][0, :, :frames], reconstructions[1][0, :, :frames]],

@@ -63,11 +63,31 @@ def compare(name: str, got: np.ndarray, expected: np.ndarray) -> Comparison:
 
 
 def validation_inputs(family, config) -> tuple[np.ndarray, np.ndarray]:
-    """A deterministic latent and video (channels-first) of the family's validation shapes."""
-    rng = np.random.default_rng(0)
-    latent = rng.standard_normal(family.validation_latent_shape(config)).astype(np.float32)
-    video = rng.uniform(-1.0, 1.0, family.validation_video_shape(config)).astype(np.float32)
-    return latent, video
+    """A deterministic latent and video (channels-first) of the family's validation shapes. The video encodes to a
+    latent the decode steps are already compiled for, so decoding it again for the picture compiles nothing."""
+    latent = np.random.default_rng(0).standard_normal(family.validation_latent_shape(config)).astype(np.float32)
+    return latent, validation_clip(family.validation_video_shape(config))
+
+
+def validation_clip(shape: tuple) -> np.ndarray:
+    """A (B, C, T, H, W) clip in [-1, 1] where reconstruction errors show: a diagonal colour gradient, a disc moving
+    right, a square moving down, and a patch of one-pixel stripes whose phase shifts each frame."""
+    batch, channels, frames, height, width = shape
+    y, x = np.mgrid[0:height, 0:width] / np.array([max(height - 1, 1), max(width - 1, 1)])[:, None, None]
+    columns = np.arange(width)[None, :].repeat(height, 0)
+    clip = np.empty((frames, 3, height, width))
+    for t in range(frames):
+        phase = t / max(frames - 1, 1)
+        frame = np.stack([x, y, 1.0 - (x + y) / 2])
+        disc = (x - 0.15 - 0.6 * phase) ** 2 + (y - 0.35) ** 2 < 0.02
+        frame[:, disc] = np.array([1.0, 0.1, 0.1])[:, None]
+        square = (np.abs(x - 0.75) < 0.1) & (np.abs(y - 0.1 - 0.5 * phase) < 0.1)
+        frame[:, square] = np.array([0.1, 0.2, 1.0])[:, None]
+        stripes = (x < 0.4) & (y > 0.65)
+        frame[:, stripes] = ((columns[stripes] + t) % 2).astype(np.float64)[None, :]
+        clip[t] = frame
+    clip = clip[:, np.arange(channels) % 3].transpose(1, 0, 2, 3)  # (C, T, H, W); other channel counts repeat RGB
+    return np.broadcast_to(clip * 2.0 - 1.0, (batch, channels, frames, height, width)).astype(np.float32)
 
 
 class TorchRunner:
@@ -105,17 +125,19 @@ def reference_model(family, config, source_weights, dtype):
 
 @dataclasses.dataclass
 class Outcome:
-    """A validation: its comparisons, and what the picture of it needs (both runners, both decodes)."""
+    """A validation: its comparisons, and what the picture of it needs. Each pair is (converted, reference)."""
 
     comparisons: list[Comparison]
-    runner: object
-    reference: object
-    decoded: tuple[np.ndarray, np.ndarray]  # the validation latent decoded by runner, by reference
+    runners: tuple
+    video: np.ndarray
+    means: tuple[np.ndarray, np.ndarray]  # the video's encoding by each
+    decoded: tuple[np.ndarray, np.ndarray]  # the validation latent decoded by each
 
-    def picture(self, path, family, config) -> dict:
+    def picture(self, path) -> dict:
         from converter import preview
 
-        return preview.write(path, family, config, self.runner, self.reference, self.decoded)
+        reconstructions = tuple(drive.decode(mean) for drive, mean in zip(self.runners, self.means))
+        return preview.write(path, self.video, reconstructions, self.decoded)
 
 
 def compare_runners(family, config, runner, reference) -> Outcome:
@@ -126,7 +148,8 @@ def compare_runners(family, config, runner, reference) -> Outcome:
         mean, logvar = drive.encode(video)
         outputs[name] = {"decode": drive.decode(latent), "encode.mean": mean, "encode.logvar": logvar}
     comparisons = [compare(name, outputs["got"][name], outputs["expected"][name]) for name in outputs["expected"]]
-    return Outcome(comparisons, runner, reference, (outputs["got"]["decode"], outputs["expected"]["decode"]))
+    pairs = {name: (outputs["got"][name], outputs["expected"][name]) for name in ("encode.mean", "decode")}
+    return Outcome(comparisons, (runner, reference), video, pairs["encode.mean"], pairs["decode"])
 
 
 def run(family, config, runner, source_weights, dtype) -> Outcome:

@@ -12,6 +12,7 @@ from converter import preview
 from converter.models.wan.config import WanVAEConfig
 from converter.publish import model_card
 from converter.registry import FAMILIES
+from converter.validate import validation_clip
 from tests.helpers import manifest, run_cli
 
 WAN = FAMILIES["wan"]
@@ -29,19 +30,19 @@ def test_picture_has_the_panels_and_the_report_max(converted):
     source, out = converted
     image = Image.open(out / "validation.png")
     config = WanVAEConfig.from_dict(WAN.small_configs["default-arch"])
-    clip = preview.validation_clip(WAN.validation_video_shape(config))  # (1, 3, 5, 32, 32)
+    clip = validation_clip(WAN.validation_video_shape(config))  # (1, 3, 5, 64, 64)
     decoded_frames = 9  # the validation latent's 3 frames decode to 9
     layout = preview.Layout(len(preview.frame_indices(5)), len(preview.frame_indices(decoded_frames)))
     assert image.size == layout.size
     pixels = np.asarray(image.convert("RGB"))
 
-    # the input row is the test clip, each source pixel a square block (32 px frames scaled 4x into 128 px tiles)
-    scale = preview.TILE // 32
+    # the input row is the test clip, each source pixel a square block (64 px frames scaled 2x into 128 px tiles)
+    scale = preview.TILE // 64
     for column, t in enumerate(preview.frame_indices(5)):
         x, y = layout.tile("reconstruction", 0, column)
         expected = preview.to_rgb(clip[0, :, t])
-        for sy, sx in ((3, 5), (16, 16), (28, 2)):
-            assert tuple(pixels[y + sy * scale + 1, x + sx * scale + 2]) == tuple(expected[sy, sx])
+        for sy, sx in ((3, 5), (40, 40), (60, 2)):
+            assert tuple(pixels[y + sy * scale + scale - 1, x + sx * scale]) == tuple(expected[sy, sx])
 
     # colour bars run from the scale's zero to its top; each heat map's hottest pixel is the top of the scale
     columns = {"reconstruction": layout.reconstruction_frames, "decode": layout.decode_frames}

@@ -48,7 +48,7 @@ COGVIDEOX = FamilySpec(
     ),
     # 3 latent frames: one batch with an odd count (the first frame's own path in spatial norms and upsampling)
     validation_latent_shape=lambda c: (1, c.latent_channels, 3, 8, 8),
-    validation_video_shape=lambda c: (1, c.in_channels, 9, 32, 32),
+    validation_video_shape=lambda c: (1, c.in_channels, 9, 64, 64),
     small_configs={
         "default-arch": dict(block_out_channels=[16, 32, 32, 64], norm_num_groups=8, latent_channels=4),
         "other-config": OTHER_CONFIG,

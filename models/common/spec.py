@@ -30,7 +30,8 @@ class FamilySpec:
     torch_model: Callable[[], type]
     mapping_file: str  # in mappings/
     models: tuple[ModelName, ...]
-    # (config) -> shapes of the validation inputs, channels-first: latent (B, z, T, H, W), video (B, C, T, H, W)
+    # (config) -> shapes of the validation inputs, channels-first: latent (B, z, T, H, W), video (B, C, T, H, W); the
+    # video encodes to the latent's height and width, so decoding its encoding (for validation.png) reuses the steps
     validation_latent_shape: Callable
     validation_video_shape: Callable
     # Small widths: "default-arch" is the default architecture at small widths (tests, the benchmark's smoke mode);

@@ -41,7 +41,7 @@ WAN = FamilySpec(
     ),
     # Wan 2.2 decodes each latent pixel into 16x16: a smaller latent keeps its validation as quick as 2.1's
     validation_latent_shape=lambda c: (1, c.z_dim, 3, 8 // c.patch, 8 // c.patch),
-    validation_video_shape=lambda c: (1, c.video_channels, 5, 32, 32),
+    validation_video_shape=lambda c: (1, c.video_channels, 5, 64, 64),
     small_configs={
         # num_res_blocks=2 gives the encoder 11 down_blocks entries, so list indices >= 10 occur (a converter that
         # sorts keys as strings fails there)
