@@ -74,6 +74,8 @@ def test_fine_tuned_model_exports_and_runs_in_diffusers(tmp_path):
 
     result = run_cli("export", tmp_path / "tuned", "--out", tmp_path / "back")
     assert "validation 3/3 ✓" in result.stdout
+    assert manifest(tmp_path / "back")["validation"]["preview"]["file"] == "validation.png"
+    assert (tmp_path / "back" / "validation.png").stat().st_size > 0
     exported = type(reference).from_pretrained(tmp_path / "back").eval()
     assert isinstance(exported, getattr(diffusers, reference.__class__.__name__))
     flax_runner = runner("flax", vae)
