@@ -1,6 +1,7 @@
 """Decode and encode on a ("dp", "tp") mesh of 8 simulated CPU devices, width sharded over "tp": parameters are
 restored straight onto the mesh, and the results equal the unsharded ones within 1e-5 (relative to the output's
-scale), for meshes (1, 8) and (2, 4)."""
+scale), for meshes (1, 8) and (2, 4), made with Auto axes (`Mesh(devices, names)`) and with Explicit ones (what
+`jax.make_mesh` gives by default). A batch that "dp" does not divide is one clear ValueError."""
 
 import json
 import os
@@ -21,7 +22,7 @@ SCRIPT = """
 import json, sys
 import jax, numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import AxisType, Mesh
 import converter
 
 out, channels = sys.argv[1], int(sys.argv[2])
@@ -32,15 +33,24 @@ plain = converter.load(out)
 expected = {"decode": np.asarray(plain.decode(z)), "encode": np.asarray(plain.encode(x)[0])}
 report = {"devices": len(jax.devices()), "scale": {k: float(np.abs(v).max()) for k, v in expected.items()}}
 for shape in [(1, 8), (2, 4)]:
-    mesh = Mesh(np.array(jax.devices()).reshape(shape), ("dp", "tp"))
-    model = converter.load(out, mesh=mesh)
-    params = jax.tree.leaves(nnx.state(model))
-    got = {"decode": model.decode(z, mesh=mesh), "encode": model.encode(x, mesh=mesh)[0]}
-    report[str(shape)] = {
-        "params_on_mesh": all(p.sharding.mesh == mesh for p in params),
-        **{f"{k}_max_abs": float(np.abs(np.asarray(v) - expected[k]).max()) for k, v in got.items()},
-        **{f"{k}_devices": len(v.sharding.device_set) for k, v in got.items()},
-    }
+    for kind in ("auto", "explicit"):
+        if kind == "auto":
+            mesh = Mesh(np.array(jax.devices()).reshape(shape), ("dp", "tp"))
+        else:
+            mesh = jax.make_mesh(shape, ("dp", "tp"))
+        model = converter.load(out, mesh=mesh)
+        params = jax.tree.leaves(nnx.state(model))
+        got = {"decode": model.decode(z, mesh=mesh), "encode": model.encode(x, mesh=mesh)[0]}
+        report[f"{shape} {kind}"] = {
+            "axis_types": sorted({str(t) for t in mesh.axis_types}),
+            "params_on_mesh": all(p.sharding.mesh == mesh for p in params),
+            **{f"{k}_max_abs": float(np.abs(np.asarray(v) - expected[k]).max()) for k, v in got.items()},
+            **{f"{k}_devices": len(v.sharding.device_set) for k, v in got.items()},
+        }
+try:
+    model.decode(z[:1], mesh=mesh)
+except ValueError as e:
+    report["batch_of_one"] = str(e)
 print(json.dumps(report))
 """
 
@@ -69,8 +79,10 @@ def test_sharded_matches_unsharded(tmp_path, case):
     )
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["devices"] == 8
-    for shape in ("(1, 8)", "(2, 4)"):
+    assert "a batch of 1 does not split over the mesh's 'dp' axis of 2 devices" in report["batch_of_one"]
+    for shape in ("(1, 8) auto", "(2, 4) auto", "(1, 8) explicit", "(2, 4) explicit"):
         r = report[shape]
+        assert r["axis_types"] == ["AxisType.Auto" if shape.endswith("auto") else "AxisType.Explicit"], r
         assert r["params_on_mesh"], shape
         assert r["decode_devices"] == r["encode_devices"] == 8, shape
         for step in ("decode", "encode"):

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .sharding import replicate, shard_activations
+from .sharding import auto_axes, replicate, shard_activations
 from .tiling import run_tiled
 
 
@@ -33,6 +33,7 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], m
     from one to the next; tile by tile when the model's tiling is on. With a mesh ("dp", "tp"), batch and width are
     split over it (models/common/sharding.py)."""
     graphdef, state = nnx.split(model)
+    mesh = auto_axes(mesh)
     state, x = replicate(state, mesh), shard_activations(x, mesh)
 
     def run(x):
