@@ -77,9 +77,6 @@ class SourceFormat:
     def fits(self, keys) -> bool:
         return all(k in keys for k in self.signature)
 
-    def claims(self, key: str) -> bool:
-        return any(r.pattern.fullmatch(key) for r in self.rules + self.drops)
-
 
 @dataclasses.dataclass(frozen=True)
 class Mapping:

@@ -22,10 +22,10 @@ class KnownFormat:
     mapping: mapping.Mapping
     fmt: mapping.SourceFormat
 
-    def share(self, keys) -> int:
-        """How many of `keys` this format knows: its rules' (or, for diffusers' layout, the target rules')."""
+    def knows(self, key: str) -> bool:
+        """Whether a rule of this format matches the key (for diffusers' layout: a rule of a target section)."""
         rules = self.fmt.rules + self.fmt.drops if self.fmt.renames else sum(self.mapping.targets.values(), ())
-        return sum(any(r.pattern.fullmatch(k) for r in rules) for k in keys)
+        return any(r.pattern.fullmatch(key) for r in rules)
 
 
 def known_formats(family, own: mapping.Mapping) -> list[KnownFormat]:
@@ -65,9 +65,9 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
 
 
 def _no_fit(known: list[KnownFormat], keys: list[str]) -> str:
-    closest = max(known, key=lambda k: k.share(keys))
-    rules = closest.fmt.rules + closest.fmt.drops if closest.fmt.renames else sum(closest.mapping.targets.values(), ())
-    strangers = [k for k in keys if not any(r.pattern.fullmatch(k) for r in rules)]
+    shares = {id(k): sum(map(k.knows, keys)) for k in known}
+    closest = max(known, key=lambda k: shares[id(k)])
+    strangers = [k for k in keys if not closest.knows(k)]
     absent = [k for k in closest.fmt.signature if k not in keys]
     told = []
     if strangers:
@@ -76,7 +76,7 @@ def _no_fit(known: list[KnownFormat], keys: list[str]) -> str:
         told.append(f"its signature key(s) missing: {_first(absent)}")
     return (
         f"not a checkpoint format this tool knows; closest: {closest.fmt.name} of {closest.family.name} "
-        f"({closest.share(keys)} of {len(keys)} keys), {'; '.join(told)}"
+        f"({shares[id(closest)]} of {len(keys)} keys), {'; '.join(told)}"
     )
 
 
@@ -92,14 +92,12 @@ def _checked_container(fmt: mapping.SourceFormat, weights, shown: str) -> mappin
     return fmt
 
 
-def variant_of(fmt: mapping.SourceFormat, family) -> str | None:
-    return config_from_dict(family, MODELS[fmt.model].config).variant if fmt.model else None
-
-
 def refuse_other_variant(fmt: mapping.SourceFormat, family, config, entry):
-    """An original Wan 2.2 file named as wan2.1 (or the reverse): the format says which VAE the file holds."""
-    held = variant_of(fmt, family)
-    if held is not None and held != config.variant:
+    """An original Wan 2.2 file named as wan2.1 (or the reverse): the format's model says which VAE the file holds."""
+    if fmt.model is None:
+        return
+    held = config_from_dict(family, MODELS[fmt.model].config).variant
+    if held != config.variant:
         raise InputError(
             f"the checkpoint is a {held} ({fmt.name}), but {entry.name} names a {config.variant}: "
             f"try `vae-convert {fmt.model}`"
@@ -126,9 +124,6 @@ class RenamedWeights:
 
     def release(self, key: str):
         self.source.release(self._by_name[key].source_key)
-
-    def source_key(self, key: str) -> str:
-        return self._by_name[key].source_key
 
     def floating_dtypes(self) -> set[np.dtype]:
         return {dtype for _, dtype in self.specs.values() if dtype.kind == "f" or dtype.name == "bfloat16"}
