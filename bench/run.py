@@ -11,6 +11,7 @@ values. The models measured are the first model name of each VAE variant (conver
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -114,15 +115,40 @@ def task_naive(source: str, out: str, model: str) -> dict:
     return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": _rss_mb("VmHWM") - baseline}
 
 
-def task_load(out: str) -> dict:
+def task_load(path: str, how: str) -> dict:
+    """Seconds from a converted output to a ready model, after imports: `converter.load` ("vae-convert"), its parts
+    one after the other ("parts": the model's abstract structure, reading and placing the weights, building), or
+    diffusers' `from_pretrained` of a torchax output (the same weights, in diffusers' format)."""
     import jax
 
     import converter
+    from converter.targets import read_output
 
-    started = time.perf_counter()
-    model = converter.load(out)
-    jax.block_until_ready(jax.tree.leaves(__import__("flax").nnx.state(model)))
-    return {"seconds": time.perf_counter() - started}
+    def ready(model):
+        if hasattr(model, "parameters"):
+            return model
+        return jax.block_until_ready(jax.tree.leaves(__import__("flax").nnx.state(model)))
+
+    if how == "diffusers":
+        import diffusers
+
+        cls = getattr(diffusers, json.loads((Path(path) / "config.json").read_text())["_class_name"])
+        started = time.perf_counter()
+        cls.from_pretrained(path)
+        return {"seconds": time.perf_counter() - started}
+    if how == "vae-convert":
+        started = time.perf_counter()
+        ready(converter.load(path))
+        return {"seconds": time.perf_counter() - started}
+    out = read_output(path)
+    parts, started = {}, time.perf_counter()
+    empty = out.target.empty_model(out.family, out.config, out.dtype)
+    parts["structure"], started = time.perf_counter() - started, time.perf_counter()
+    weights = jax.block_until_ready(out.target.read_weights(out.path, out.fmt))
+    parts["weights"], started = time.perf_counter() - started, time.perf_counter()
+    ready(out.target.build(empty, weights, out.path))
+    parts["build"] = time.perf_counter() - started
+    return parts
 
 
 def _timed(fn, repeats=2) -> dict:
@@ -172,18 +198,125 @@ def task_run(impl: str, path: str, latent: list, video: list, cache: str | None)
     return {"decode": _timed(decode), "encode": _timed(encode)}
 
 
-TASKS = {"convert": task_convert, "naive": task_naive, "load": task_load, "run": task_run}
+# The compile-only measurements: a real video (720p, 81 frames, channels-first; smoke: the small model and a small
+# video) in each layout, on 8 simulated devices.
+REAL_VIDEO, SMOKE_VIDEO = (1, 3, 81, 720, 1280), (1, 3, 9, 64, 64)
+LAYOUTS = {"one device": None, "tiled": None, "mesh (1, 8)": (1, 8), "mesh (2, 4)": (2, 4)}
+SMOKE_LAYOUTS = ("one device", "mesh (1, 8)")
+SIMULATED_DEVICES = 8
+
+
+class CompileOnlyStep:
+    """Stands in for the Flax models' jitted chunk step (models/common/steps_flax.py) while a whole encode or
+    decode is traced with `jax.eval_shape`: each new step signature is lowered and compiled, never run, and zeros
+    of its output shapes go back into the trace. The cache of each step is laid out as the previous step's
+    compiled outputs are, as in a real run."""
+
+    def __init__(self, step, mesh):
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        from converter.models.common.sharding import ACTIVATIONS, auto_axes
+
+        mesh = auto_axes(mesh)  # as the models run on it
+        self.step, self.compiled, self.cache_layout = step, {}, {}
+        self.replicated = NamedSharding(mesh, P()) if mesh else None
+        self.activations = NamedSharding(mesh, ACTIVATIONS) if mesh else None
+
+    def __call__(self, graphdef, part, state, x, cache):
+        import jax
+        import jax.numpy as jnp
+
+        def spec(value, sharding=None):
+            return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
+
+        key = (part, tuple(x.shape), cache is None)
+        if key not in self.compiled:
+            args = (
+                jax.tree.map(lambda v: spec(v, self.replicated), state),
+                spec(x, self.activations),
+                None if cache is None else jax.tree.map(spec, cache, self.cache_layout[part]),
+            )
+            started = time.perf_counter()
+            compiled = self.step.lower(graphdef, part, *args).compile()
+            self.compiled[key] = (compiled, time.perf_counter() - started)
+        compiled, _ = self.compiled[key]
+        self.cache_layout[part] = compiled.output_shardings[1]
+        return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), compiled.out_info)
+
+
+def _cache_frames(out_info) -> tuple[int, int]:
+    """(frames held by the largest cache entry, bytes of the whole cache) of a step's outputs (B, T, H, W, C)."""
+    import jax
+
+    leaves = jax.tree.leaves(out_info[1])
+    return max(leaf.shape[1] for leaf in leaves), sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
+
+
+def task_compile(model: str, layout: str, smoke: bool) -> dict:
+    """Every encode and decode step of the video in one layout compiled, none run: per part, the step shapes, the
+    compile time, XLA's memory analysis per device (the largest over the steps) and the causal cache (all devices)."""
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from converter.models.common import steps_flax
+    from converter.registry import config_from_dict, get_model, small_config
+    from converter.targets import TARGETS
+
+    entry = get_model(model)
+    config = config_from_dict(entry.family, {**entry.config, **(small_config(entry) if smoke else {})})
+    graphdef, abstract = TARGETS["flax"].empty_model(entry.family, config, "float32")
+    mesh_shape = LAYOUTS[layout]
+    mesh = jax.make_mesh(mesh_shape, ("dp", "tp"), devices=jax.devices()[:SIMULATED_DEVICES]) if mesh_shape else None
+    batch = mesh_shape[0] if mesh_shape else 1  # a batch "dp" splits
+    _, c, t, h, w = SMOKE_VIDEO if smoke else REAL_VIDEO
+    video = jax.ShapeDtypeStruct((batch, t, h, w, c), np.float32)  # channels-last
+
+    def run(part, state, x):
+        vae = nnx.merge(graphdef, state)
+        if layout == "tiled":
+            vae.enable_tiling()
+        return vae.encode(x, mesh=mesh)[0] if part == "encoder" else vae.decode(x, mesh=mesh)
+
+    result = {"batch": batch}
+    original = steps_flax.step
+    try:
+        for part in ("encoder", "decoder"):
+            steps_flax.step = recorder = CompileOnlyStep(original, mesh)
+            out = jax.eval_shape(functools.partial(run, part), abstract, video)
+            memory = [c.memory_analysis() for c, _ in recorder.compiled.values()]
+            frames, cache_bytes = _cache_frames(list(recorder.compiled.values())[-1][0].out_info)
+            result[part] = {
+                "input": list(video.shape),
+                "steps": len(recorder.compiled),
+                "compile_seconds": sum(s for _, s in recorder.compiled.values()),
+                "max_step_compile_seconds": max(s for _, s in recorder.compiled.values()),
+                "argument_bytes": max(m.argument_size_in_bytes for m in memory),
+                "output_bytes": max(m.output_size_in_bytes for m in memory),
+                "temp_bytes": max(m.temp_size_in_bytes for m in memory),
+                "cache_frames": frames,
+                "cache_bytes": cache_bytes,
+            }
+            video = out  # the decoder takes the encoder's latent
+    finally:
+        steps_flax.step = original
+    return result
+
+
+TASKS = {"convert": task_convert, "naive": task_naive, "load": task_load, "run": task_run, "compile": task_compile}
 
 
 # -- orchestration ----------------------------------------------------------------------------------------
 
 
-def _task(name: str, **kwargs) -> dict:
+def _task(name: str, env: dict | None = None, **kwargs) -> dict:
     result = subprocess.run(
         [sys.executable, "-m", "bench.run", "--task", name, json.dumps(kwargs)],
         cwd=REPO,
         capture_output=True,
         text=True,
+        env={**os.environ, **(env or {})},
     )
     if result.returncode != 0:
         raise RuntimeError(f"bench task {name} {kwargs} failed:\n{result.stderr[-3000:]}")
@@ -209,7 +342,13 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool) -> dict:
             "convert", source=str(source), out=str(work / f"{model}-{target}"), model=model, target=target
         )
     result["convert"]["naive"] = _task("naive", source=str(source), out=str(work / f"{model}-naive"), model=model)
-    result["load_flax"] = _task("load", out=str(work / f"{model}-flax"))
+    result["load"] = {
+        "flax": _task("load", path=str(work / f"{model}-flax"), how="vae-convert"),
+        "flax parts": _task("load", path=str(work / f"{model}-flax"), how="parts"),
+        "torchax": _task("load", path=str(work / f"{model}-torchax"), how="vae-convert"),
+    }
+    if _has_diffusers():
+        result["load"]["diffusers"] = _task("load", path=str(work / f"{model}-torchax"), how="diffusers")
     cache = work / f"{model}-jax-cache"
     runs = {
         "flax": work / f"{model}-flax",
@@ -223,6 +362,11 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool) -> dict:
         runs = {impl: runs[impl] for impl in ("flax", "torch")}
     for impl, path in runs.items():
         result["run"][impl] = _task("run", impl=impl, path=str(path), latent=latent, video=video, cache=None)
+    devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={SIMULATED_DEVICES}"}
+    result["compile"] = {
+        layout: _task("compile", env=devices, model=model, layout=layout, smoke=smoke)
+        for layout in (SMOKE_LAYOUTS if smoke else LAYOUTS)
+    }
     if smoke:
         return result
     # the compile cache: one process fills it, the next one measures its first call
@@ -256,17 +400,34 @@ def _cell(measured: dict, model: dict) -> str:
 def markdown(results: dict) -> str:
     lines = [f"Machine: {results['device']}; {results['date']}; mode: {results['mode']}.", ""]
     lines += [
-        "| model | checkpoint | copy | vae-convert flax | vae-convert torchax | naive (read all, transpose, "
-        "save) | load flax |",
-        "|---|---|---|---|---|---|---|",
+        "| model | checkpoint | copy | vae-convert flax | vae-convert torchax | naive (read all, transpose, save) |",
+        "|---|---|---|---|---|---|",
     ]
     for model, r in results["models"].items():
         c = r["convert"]
         lines.append(
             f"| {model} | {r['checkpoint_mb']:.0f} MB | {r['copy_seconds']:.2f} s | {_cell(c['flax'], r)} | "
-            f"{_cell(c['torchax'], r)} | {_cell(c['naive'], r)} | {r['load_flax']['seconds']:.2f} s |"
+            f"{_cell(c['torchax'], r)} | {_cell(c['naive'], r)} |"
         )
     lines += ["", "Conversion time is after imports; memory is peak RSS above the process's RSS after imports.", ""]
+    lines += [
+        "| model | load flax (Orbax) | its parts: structure, weights, build | load torchax | diffusers "
+        "from_pretrained |",
+        "|---|---|---|---|---|",
+    ]
+    for model, r in results["models"].items():
+        load, parts = r["load"], r["load"]["flax parts"]
+        diffusers = f"{load['diffusers']['seconds']:.2f} s" if "diffusers" in load else "-"
+        lines.append(
+            f"| {model} | {load['flax']['seconds']:.2f} s | {parts['structure']:.2f} s, {parts['weights']:.2f} s, "
+            f"{parts['build']:.2f} s | {load['torchax']['seconds']:.2f} s | {diffusers} |"
+        )
+    lines += [
+        "",
+        "Seconds from an output folder to a ready model, after imports. converter.load reads the weights while it "
+        "traces the model's abstract structure (nnx.eval_shape); the parts are measured one after the other.",
+        "",
+    ]
     lines += [
         "| model | implementation | decode first | decode steady | encode first | encode steady | decode vs "
         "diffusers |",
@@ -286,7 +447,46 @@ def markdown(results: dict) -> str:
         "flax+cache = first call with the persistent compilation cache already filled by another process; "
         "the last column is diffusers' steady decode time over this one's (above 1 is faster).",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + compile_table(results)) + "\n"
+
+
+def _size(nbytes: int) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+
+
+def compile_table(results: dict) -> list[str]:
+    """The compile-only measurements: per model, layout and part, and the split of temporaries over (1, 8)."""
+    video = SMOKE_VIDEO if results["mode"] == "smoke" else REAL_VIDEO
+    lines = [
+        "",
+        f"Compiled, not run: every encode and decode step of a {video[2]}-frame {video[3]}x{video[4]} video "
+        f"(Flax, float32; {SIMULATED_DEVICES} simulated CPU devices). Memory is XLA's analysis per device, the "
+        "largest over the steps; the cache is the causal cache a step passes on, over all devices.",
+        "",
+        "| model | layout | batch | part | input (B, T, H, W, C) | step shapes | compile, slowest step | arguments "
+        "| outputs | temporaries | cache |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    splits = []
+    for model, r in results["models"].items():
+        for layout, m in r.get("compile", {}).items():
+            for part in ("encoder", "decoder"):
+                p = m[part]
+                lines.append(
+                    f"| {model} | {layout} | {m['batch']} | {part} | {tuple(p['input'])} | {p['steps']} | "
+                    f"{p['compile_seconds']:.1f} s, {p['max_step_compile_seconds']:.1f} s | "
+                    f"{_size(p['argument_bytes'])} | {_size(p['output_bytes'])} | {_size(p['temp_bytes'])} | "
+                    f"{_size(p['cache_bytes'])}, {p['cache_frames']} frames |"
+                )
+        if {"one device", "mesh (1, 8)"} <= set(r.get("compile", {})):
+            one, split = r["compile"]["one device"], r["compile"]["mesh (1, 8)"]
+            splits += [
+                f"{model} {part} {one[part]['temp_bytes'] / split[part]['temp_bytes']:.1f}x"
+                for part in ("encoder", "decoder")
+            ]
+    if splits:
+        lines += ["", "Temporaries per device, one device over mesh (1, 8): " + ", ".join(splits) + "."]
+    return lines
 
 
 def main():

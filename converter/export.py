@@ -53,7 +53,7 @@ def export(req: ExportRequest) -> Summary:
     source_dtype = info.dtype
     dtype = source_dtype if req.dtype == "auto" else DTYPES[req.dtype]
 
-    leaves = {_dotted(k): v for k, v in FLAX.read_weights(source, info.fmt, family, config, source_dtype).items()}
+    leaves = {_dotted(k): v for k, v in FLAX.read_weights(source, info.fmt).items()}
     _ensure_leaves_fit(source, leaves, FLAX.leaf_shapes(family, config), source_dtype)
     mapping_path = mapping.MAPPINGS_DIR / family.mapping_file
     rules = mapping.load_mapping(mapping_path)
@@ -147,7 +147,7 @@ def _copy_diffusers_output(req, source: Path, manifest: dict, folder: OutputFold
                 raise InputError(f"{source}: {name} is missing; the output is incomplete or was changed by hand")
             shutil.copy2(source / name, work / name)
         folder.commit()
-    weights = TORCHAX.read_weights(folder.out, "safetensors", None, None, None)
+    weights = TORCHAX.read_weights(folder.out, "safetensors")
     parameters = sum(int(np.prod(v.shape)) for v in weights.values())
     nbytes = sum(v.nbytes for v in weights.values())
     return Summary(

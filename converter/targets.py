@@ -12,7 +12,9 @@ Everything target-specific is here: no other module asks which target it has.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ml_dtypes
@@ -61,12 +63,16 @@ class Target:
             path, specs, {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
         )
 
-    def read_weights(self, out_dir: Path, fmt: str, family, config, dtype, sharding=None) -> dict:
-        """The weights of a written output, {leaf key: array}."""
+    def empty_model(self, family: FamilySpec, config, dtype):
+        """The model's structure without weights (no storage allocated, nothing initialised)."""
         raise NotImplementedError
 
-    def build(self, family, config, dtype, weights: dict, path: Path, sharding=None):
-        """A ready model from the weights `read_weights` gave."""
+    def read_weights(self, out_dir: Path, fmt: str, sharding=None) -> dict:
+        """The weights of a written output as saved, {leaf key: array}."""
+        raise NotImplementedError
+
+    def build(self, empty_model, weights: dict, path: Path, sharding=None):
+        """A ready model: `empty_model`'s structure filled with the weights `read_weights` gave."""
         raise NotImplementedError
 
     def runner(self, model):
@@ -81,56 +87,45 @@ class FlaxTarget(Target):
     library_name = "flax"
     usage = "vae = converter.load(path)                     # Flax NNX model, channels-last (B, T, H, W, C)"
 
-    def abstract(self, family: FamilySpec, config, dtype):
-        """(graphdef, abstract state) of the Flax model: shapes and dtypes only, nothing allocated."""
-        import jax.numpy as jnp
-        from flax import nnx
-
-        cls = family.flax_model()
-        abstract = nnx.eval_shape(lambda: cls(config, rngs=nnx.Rngs(0), param_dtype=jnp.dtype(dtype)))
-        return nnx.split(abstract)
+    def empty_model(self, family: FamilySpec, config, dtype):
+        """(graphdef, abstract state) of the Flax model: shapes and dtypes only. Both are immutable, so one is made
+        per (family, config, dtype) in a process."""
+        return _flax_abstract(family.name, config, np.dtype(dtype))
 
     def leaf_shapes(self, family, config):
         from flax import nnx
 
-        _, state = self.abstract(family, config, np.float32)
+        _, state = self.empty_model(family, config, np.float32)
         return {".".join(map(str, path)): tuple(v.get_value().shape) for path, v in nnx.to_flat_state(state)}
 
-    def read_weights(self, out_dir, fmt, family, config, dtype, sharding=None):
+    def read_weights(self, out_dir, fmt, sharding=None):
         path = _weights_path(out_dir, self.weight_files[fmt])
         if fmt == "safetensors":
             weights = SafetensorsFile(path)
             return {target_path(k): weights[k] for k in weights.keys()}
         import jax
         import orbax.checkpoint.experimental.v1 as ocp
-        from flax import nnx
 
-        _, abstract = self.abstract(family, config, dtype)
-        # The sharding goes into each abstract leaf (Orbax places each array with it); by default the first device.
-        sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        template = jax.tree.map(
-            lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), nnx.to_pure_dict(abstract)
-        )
         try:
             saved = ocp.metadata(path, checkpointable_name=ORBAX_ITEM).metadata
         except Exception as e:  # Orbax raises its own error types for a damaged or foreign layout
             raise InputError(f"{path}: not a readable Orbax checkpoint ({str(e).splitlines()[0][:160]})") from None
-        saved_dtypes = {p: m.dtype for p, m in jax.tree_util.tree_leaves_with_path(saved)}
-        for p, leaf in jax.tree_util.tree_leaves_with_path(template):
-            # Orbax would cast silently to the template's dtype; a mismatch means a wrong manifest or checkpoint.
-            if p in saved_dtypes and np.dtype(saved_dtypes[p]) != np.dtype(leaf.dtype):
-                raise InputError(f"{path}: leaf {jax.tree_util.keystr(p)} is {saved_dtypes[p]}, expected {leaf.dtype}")
+        # The leaves as saved (the caller checks them against the model, so Orbax casts nothing), each placed by
+        # Orbax with the sharding: by default on the first device.
+        sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
+        template = jax.tree.map(lambda leaf: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=sharding), saved)
         restored = ocp.load(path, template, checkpointable_name=ORBAX_ITEM)
+        # Orbax gives list positions back as text keys: paths are rebuilt as the state's (numbers as indices)
         return {
-            tuple(getattr(k, "key", getattr(k, "idx", None)) for k in p): leaf
+            target_path(".".join(str(getattr(k, "key", getattr(k, "idx", None))) for k in p)): leaf
             for p, leaf in jax.tree_util.tree_leaves_with_path(restored)
         }
 
-    def build(self, family, config, dtype, weights, path, sharding=None):
+    def build(self, empty_model, weights, path, sharding=None):
         import jax
         from flax import nnx
 
-        graphdef, abstract = self.abstract(family, config, dtype)
+        graphdef, abstract = empty_model
         flat = nnx.to_flat_state(abstract)
         expected = {p for p, _ in flat}
         if set(weights) != expected:
@@ -144,8 +139,10 @@ class FlaxTarget(Target):
                 raise InputError(
                     f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}"
                 )
-            variable.set_value(jax.device_put(weights[p], sharding))
-        return nnx.merge(graphdef, nnx.from_flat_state(flat))
+        state = nnx.from_flat_state(
+            [(p, variable.replace(jax.device_put(weights[p], sharding))) for p, variable in flat]
+        )
+        return nnx.merge(graphdef, state)
 
     def runner(self, model):
         return FlaxRunner(model)
@@ -165,17 +162,37 @@ class TorchaxTarget(Target):
     def leaf_shapes(self, family, config):
         return {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
 
-    def read_weights(self, out_dir, fmt, family, config, dtype, sharding=None):
+    def empty_model(self, family, config, dtype):
+        return meta_torch(family, config)
+
+    def read_weights(self, out_dir, fmt, sharding=None):
         weights = SafetensorsFile(_weights_path(out_dir, self.weight_files[fmt]))
         return {k: weights[k] for k in weights.keys()}
 
-    def build(self, family, config, dtype, weights, path, sharding=None):
-        model = meta_torch(family, config)
+    def build(self, empty_model, weights, path, sharding=None):
+        model = empty_model
         model.load_state_dict({k: to_torch(v) for k, v in weights.items()}, strict=True, assign=True)
         return model.eval()
 
     def runner(self, model):
         return TorchaxRunner(model)
+
+
+@functools.lru_cache(maxsize=8)
+def _flax_abstract(family_name: str, config, dtype: np.dtype):
+    import jax.numpy as jnp
+    from flax import nnx
+
+    cls = FAMILIES[family_name].flax_model()
+
+    def model():
+        # RNG counters as refs: flax checks the sharding of each plain counter update, which costs a search of
+        # the whole trace so far while tracing, once per parameter
+        with nnx.var_defaults(ref=True):
+            rngs = nnx.Rngs(0)
+        return cls(config, rngs=rngs, param_dtype=jnp.dtype(dtype))
+
+    return nnx.split(nnx.eval_shape(model))
 
 
 def meta_torch(family: FamilySpec, config):
@@ -255,11 +272,14 @@ def load_output(path: str | Path, mesh=None):
         from converter.models.common.sharding import PARAMETERS
 
         sharding = NamedSharding(mesh, PARAMETERS)
-    weights = out.target.read_weights(out.path, out.fmt, out.family, out.config, out.dtype, sharding)
-    for key, array in weights.items():
-        if np.dtype(array.dtype) != out.dtype:
-            raise InputError(f"{out.path}: {key} is {array.dtype}, the manifest says {out.dtype.name}")
-    return out.target.build(out.family, out.config, out.dtype, weights, out.path, sharding)
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        # the model's structure is traced while the weights are read (reading mostly waits on I/O threads)
+        empty_model = pool.submit(out.target.empty_model, out.family, out.config, out.dtype)
+        weights = out.target.read_weights(out.path, out.fmt, sharding)
+        for key, array in weights.items():
+            if np.dtype(array.dtype) != out.dtype:
+                raise InputError(f"{out.path}: {key} is {array.dtype}, the manifest says {out.dtype.name}")
+        return out.target.build(empty_model.result(), weights, out.path, sharding)
 
 
 class OrbaxWriter:
@@ -279,10 +299,15 @@ class OrbaxWriter:
             self._save_group()
 
     def _save_group(self):
+        import orbax.checkpoint.experimental.v1 as ocp
         from orbax.checkpoint.experimental.v1 import partial
 
         if self.group:
-            partial.save(self.path, nested(self.group), custom_metadata=self.metadata)
+            context = ocp.Context()
+            # uncompressed: zstd gains little on trained float weights and slows every load
+            context.array.saving.use_compression = False
+            with context:
+                partial.save(self.path, nested(self.group), custom_metadata=self.metadata)
         self.group, self.group_bytes = {}, 0
 
     def close(self):

@@ -6,8 +6,11 @@ define a placeholder schema for exactly those names that this torch lacks (nothi
 still has them). torchax only uses them as dictionary keys for dtype policies and decompositions.
 
 `compile_model(model)` returns a `TorchaxVAE`: the model's encode/decode on JAX, each chunk step one jitted function.
-The runtime also lowers GroupNorm (`aten.native_group_norm`) as one JAX function: both moments in one pass, taken
-around each group's first value so that E[d^2] - E[d]^2 does not cancel when the mean is large next to the spread.
+The runtime lowers two ops as the Flax models compute them:
+- GroupNorm (`aten.native_group_norm`) as one JAX function: both moments in one pass, taken around each group's
+  first value so that E[d^2] - E[d]^2 does not cancel when the mean is large next to the spread;
+- 3D convolutions (`aten.convolution` on 5-D inputs) through `time_tap_conv` (models/common/conv.py), channels-last:
+  on CPU one 2D convolution per time tap, as XLA:CPU runs those much faster than 3D ones.
 """
 
 from __future__ import annotations
@@ -94,11 +97,41 @@ def _native_group_norm(x, weight, bias, n, channels, hw, groups, eps):
     return interop.call_jax(_jax_group_norm, x, weight, bias, n, channels, hw, groups, eps)
 
 
+def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
+    """aten.convolution in JAX: a 3D convolution as the Flax models run it, anything else as torchax lowers it."""
+    from jax import lax
+    from torchax.ops import jaten
+
+    from converter.models.common.conv import time_tap_conv
+
+    if transposed or x.ndim != 5:
+        return jaten._aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    y = time_tap_conv(
+        x.transpose(0, 2, 3, 4, 1),  # (N, C, T, H, W) -> (N, T, H, W, C)
+        weight.transpose(2, 3, 4, 1, 0),  # (O, C/groups, kT, kH, kW) -> (kT, kH, kW, C/groups, O)
+        tuple(stride),
+        [(p, p) for p in padding],
+        rhs_dilation=tuple(dilation),
+        dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+        feature_group_count=groups,
+    )
+    if bias is not None:
+        y = y + bias.astype(y.dtype)
+    return lax.transpose(y, (0, 4, 1, 2, 3))  # (N, T', H', W', O) -> (N, O, T', H', W')
+
+
+def _convolution(*args):
+    from torchax import interop
+
+    return interop.call_jax(_jax_convolution, *args)
+
+
 @functools.cache
 def torchax_env():
     """torchax's environment, with this runtime's lowerings installed once."""
     env = import_torchax().default_env()
     env.override_op_definition(torch.ops.aten.native_group_norm.default, _native_group_norm)
+    env.override_op_definition(torch.ops.aten.convolution.default, _convolution)
     return env
 
 
@@ -131,8 +164,13 @@ class TorchaxVAE:
         if part not in self._steps:
             from torchax import interop
 
+            from converter.models.common.conv import STEP_COMPILER_OPTIONS
+
             module = _ChunkStep(self.model, part)
-            jitted = interop.jax_jit(lambda params, x, cache: torch.func.functional_call(module, params, (x, cache)))
+            jitted = interop.jax_jit(
+                lambda params, x, cache: torch.func.functional_call(module, params, (x, cache)),
+                kwargs_for_jax_jit={"compiler_options": STEP_COMPILER_OPTIONS},
+            )
             self._steps[part] = functools.partial(jitted, dict(module.named_parameters()))
         return self._steps[part](x, cache)
 

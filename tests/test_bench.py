@@ -19,9 +19,17 @@ def test_benchmark_smoke_mode(tmp_path):
     wan = results["models"]["wan2.1"]
     assert set(wan["convert"]) == {"flax", "torchax", "naive"}
     assert all(m["seconds"] > 0 and m["peak_above_baseline_mb"] >= 0 for m in wan["convert"].values())
-    assert wan["load_flax"]["seconds"] > 0
+    assert all(wan["load"][how]["seconds"] > 0 for how in ("flax", "torchax", "diffusers"))
+    assert all(seconds > 0 for seconds in wan["load"]["flax parts"].values())
     for impl in ("flax", "torch"):
         timings = wan["run"][impl]
         assert all(timings[step][k] > 0 for step in ("decode", "encode") for k in ("first", "steady"))
+    # compiled, never run: every step shape, XLA's memory analysis, and width split over "tp" on (1, 8)
+    one, split = wan["compile"]["one device"], wan["compile"]["mesh (1, 8)"]
+    for part in ("encoder", "decoder"):
+        assert one[part]["steps"] == split[part]["steps"] == 2  # first chunk, then the rest
+        assert one[part]["compile_seconds"] > 0 and one[part]["cache_frames"] == 2
+        assert 0 < split[part]["temp_bytes"] < one[part]["temp_bytes"]
+        assert one[part]["cache_bytes"] == split[part]["cache_bytes"]  # the same cache, split over devices
     table = (tmp_path / "smoke.md").read_text()
-    assert "| wan2.1 | flax |" in table and "vae-convert torchax" in table
+    assert "| wan2.1 | flax |" in table and "vae-convert torchax" in table and "| wan2.1 | mesh (1, 8) |" in table

@@ -60,7 +60,7 @@ def write_original(state: dict, fmt: str, path, wrapper=FORMATS, extra=None):
 
 def output_tensors(out) -> dict[str, np.ndarray]:
     info = read_output(out)
-    weights = info.target.read_weights(info.path, info.fmt, info.family, info.config, info.dtype)
+    weights = info.target.read_weights(info.path, info.fmt)
     return {str(k): np.asarray(v) for k, v in weights.items()}
 
 

@@ -10,6 +10,11 @@ from __future__ import annotations
 import jax
 from jax import lax
 
+# Options for compiling the models' steps. XLA:CPU hands convolutions to YNNPACK by default; with that off it runs
+# them with its Eigen kernels, which are faster for these layers (README, Performance, has the measurements). An
+# xla_cpu_* option is read by the CPU compiler only.
+STEP_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
 
 def time_tap_conv(
     lhs,

@@ -9,13 +9,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from .conv import STEP_COMPILER_OPTIONS
 from .sharding import auto_axes, replicate, shard_activations
 from .tiling import run_tiled
 
 
 # Split once before the loop and merge inside a plain `jax.jit`, as the Flax NNX performance guide recommends
 # (flax docs_nnx/guides/performance.md): `nnx.jit` would re-split the model on every call.
-@functools.partial(jax.jit, static_argnums=(0, 1))
+@functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=STEP_COMPILER_OPTIONS)
 def step(graphdef, part, state, x, cache):
     """One chunk through the encoder (then quant_conv) or the decoder (after post_quant_conv); compiled once per
     (chunk shape, first chunk or not). The 1x1x1 quant convs act per pixel, so applying them per chunk is exact."""
