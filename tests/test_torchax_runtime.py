@@ -49,15 +49,16 @@ def test_convolutions_lower_as_the_flax_models_do(conv, shape, taps):
     stride becomes one 2D conv per tap on CPU (as in models/common/conv.py), the others stay as torchax lowers them."""
     import jax
     import jax.numpy as jnp
-    from torchax import interop
 
     from converter.torchax_runtime import torchax_env
+
+    env = torchax_env()  # imports torchax
+    from torchax import interop
 
     torch.manual_seed(0)
     module, x = conv(), torch.randn(shape)
     with torch.no_grad():
         expected = module(x).numpy()
-    env = torchax_env()
     with env, torch.no_grad():
         on_jax = module.to("jax")
 
