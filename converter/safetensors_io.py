@@ -39,9 +39,10 @@ def nbytes(shape: tuple[int, ...], dtype) -> int:
 
 
 class SafetensorsFile:
-    """Tensors of one .safetensors file as read-only numpy views of a memory map."""
+    """Tensors of one .safetensors file as numpy views of a memory map: read-only, or with `copy_on_write` writable
+    (a write stays in this process; the file is never changed), for models that use the weights in place."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, copy_on_write: bool = False):
         self.path = Path(path)
         try:
             with open(self.path, "rb") as f:
@@ -55,7 +56,8 @@ class SafetensorsFile:
                         f"(header claims {header_len} bytes, file has {size})"
                     )
                 header_bytes = f.read(header_len)
-                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size > 8 + header_len else None
+                access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
+                self._map = mmap.mmap(f.fileno(), 0, access=access) if size > 8 + header_len else None
         except OSError as e:
             raise InputError(f"{self.path}: cannot read ({e.strerror})") from None
         try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import ml_dtypes
@@ -166,7 +165,8 @@ class TorchaxTarget(Target):
         return meta_torch(family, config)
 
     def read_weights(self, out_dir, fmt, sharding=None):
-        weights = SafetensorsFile(_weights_path(out_dir, self.weight_files[fmt]))
+        # the model's parameters are the mapped file itself: nothing is read until used, as from_pretrained does
+        weights = SafetensorsFile(_weights_path(out_dir, self.weight_files[fmt]), copy_on_write=True)
         return {k: weights[k] for k in weights.keys()}
 
     def build(self, empty_model, weights, path, sharding=None):
@@ -204,12 +204,15 @@ def meta_torch(family: FamilySpec, config):
 
 
 def to_torch(array: np.ndarray):
-    """A numpy array (bfloat16 included) as a CPU tensor that owns writable memory."""
+    """A numpy array (bfloat16 included) as a CPU tensor on writable memory: the array's own when it is writable
+    and aligned (a copy-on-write map), else a copy."""
     import torch
 
+    if not (array.flags.writeable and array.flags.aligned):
+        array = np.array(array)
     if array.dtype.name == "bfloat16":  # numpy has no bfloat16: reinterpret the bits
-        return torch.from_numpy(np.array(array).view(np.uint16)).view(torch.bfloat16)
-    return torch.from_numpy(np.array(array))
+        return torch.from_numpy(array.view(np.uint16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
 
 
 TARGETS: dict[str, Target] = {t.name: t for t in (FlaxTarget(), TorchaxTarget())}
@@ -272,14 +275,11 @@ def load_output(path: str | Path, mesh=None):
         from converter.models.common.sharding import PARAMETERS
 
         sharding = NamedSharding(mesh, PARAMETERS)
-    with ThreadPoolExecutor(max_workers=1) as pool:
-        # the model's structure is traced while the weights are read (reading mostly waits on I/O threads)
-        empty_model = pool.submit(out.target.empty_model, out.family, out.config, out.dtype)
-        weights = out.target.read_weights(out.path, out.fmt, sharding)
-        for key, array in weights.items():
-            if np.dtype(array.dtype) != out.dtype:
-                raise InputError(f"{out.path}: {key} is {array.dtype}, the manifest says {out.dtype.name}")
-        return out.target.build(empty_model.result(), weights, out.path, sharding)
+    weights = out.target.read_weights(out.path, out.fmt, sharding)
+    for key, array in weights.items():
+        if np.dtype(array.dtype) != out.dtype:
+            raise InputError(f"{out.path}: {key} is {array.dtype}, the manifest says {out.dtype.name}")
+    return out.target.build(out.target.empty_model(out.family, out.config, out.dtype), weights, out.path, sharding)
 
 
 class OrbaxWriter:

@@ -24,8 +24,16 @@ def full_size(request, tmp_path_factory):
     return request.param, path, save_diffusers(FULL_SIZE[request.param], path, MODELS[request.param].config)
 
 
-@pytest.mark.parametrize("target", ["flax", "torchax"])
-def test_full_size_converts_and_validates(full_size, tmp_path, target):
+# Wan 2.1 to torchax at full size is test_full_size_original_wan21_file's conversion
+TARGETS_AT_FULL_SIZE = {"wan2.1": ("flax",), "wan2.2": ("flax", "torchax"), "cogvideox-2b": ("flax", "torchax")}
+
+
+def test_full_size_converts_and_validates(full_size, tmp_path):
+    for target in TARGETS_AT_FULL_SIZE[full_size[0]]:
+        _converts_and_validates(full_size, tmp_path, target)
+
+
+def _converts_and_validates(full_size, tmp_path, target):
     model_name, source, model = full_size
     out = tmp_path / target
     result = run_cli(model_name, "--source", source, "--to", target, "--out", out)

@@ -32,10 +32,11 @@ class GroupNorm(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((num_channels,), param_dtype))
 
     def __call__(self, x):
-        b, *spatial, c = x.shape
-        grouped = x.reshape(b, -1, self.num_groups, c // self.num_groups).astype(jnp.float32)
-        mean = grouped.mean(axis=(1, 3), keepdims=True)
-        var = jnp.square(grouped - mean).mean(axis=(1, 3), keepdims=True)
+        # (B, ..., C) -> (B, ..., G, C/G): the other axes stay apart, so a width split over devices stays split
+        grouped = x.reshape(*x.shape[:-1], self.num_groups, x.shape[-1] // self.num_groups).astype(jnp.float32)
+        axes = (*range(1, x.ndim - 1), x.ndim)
+        mean = grouped.mean(axis=axes, keepdims=True)
+        var = jnp.square(grouped - mean).mean(axis=axes, keepdims=True)
         normalized = ((grouped - mean) * jax.lax.rsqrt(var + self.eps)).reshape(x.shape)
         return (normalized * self.scale[...] + self.bias[...]).astype(x.dtype)
 
@@ -73,10 +74,17 @@ def _nearest_indices(in_size: int, out_size: int) -> np.ndarray:
 
 
 def _resize_nearest(x, size):
-    """F.interpolate(mode='nearest') over (T, H, W) of a (B, T, H, W, C) tensor, as static gathers."""
+    """F.interpolate(mode='nearest') over (T, H, W) of a (B, T, H, W, C) tensor: each pixel repeated where that is
+    what the source indices say (a layout that sharding propagates through), else static gathers."""
     for axis, out_size in zip((1, 2, 3), size):
-        if x.shape[axis] != out_size:
-            x = jnp.take(x, _nearest_indices(x.shape[axis], out_size), axis=axis)
+        in_size = x.shape[axis]
+        if in_size == out_size:
+            continue
+        indices, factor = _nearest_indices(in_size, out_size), out_size // in_size
+        if np.array_equal(indices, np.arange(out_size) // max(factor, 1)):
+            x = jnp.repeat(x, factor, axis=axis)
+        else:
+            x = jnp.take(x, indices, axis=axis)
     return x
 
 
