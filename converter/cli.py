@@ -42,11 +42,13 @@ class ModelGroup(click.Group):
 )
 @click.version_option(__version__, prog_name="vae-convert")
 def cli():
-    """Convert Hugging Face video-VAE checkpoints to Flax NNX (Orbax) or torchax (safetensors) weights.
+    """Convert video-VAE checkpoints (diffusers' layout or the original release files, local or on the Hugging Face
+    Hub) to Flax NNX (Orbax) or torchax (safetensors) weights, and back to diffusers.
 
     \b
       vae-convert wan2.1 --to flax --out ckpt/
-      vae-convert wan2.1 --source path/to/vae --to torchax --out ckpt-tx/
+      vae-convert wan2.1 --source Wan2.1_VAE.pth --to torchax --out ckpt-tx/
+      vae-convert export ckpt/ --out back-to-diffusers/
     """
 
 

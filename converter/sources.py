@@ -395,4 +395,10 @@ def hub_call(call, repo_id: str, revision: str, offline: bool = False, error=Inp
         ) from None
     except (OSError, httpx2.HTTPError, errors.HfHubHTTPError) as e:
         reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if isinstance(e, httpx2.TransportError) or isinstance(e.__context__, httpx2.TransportError):
+            # no network: say what works without one (fetching only; publishing needs the Hub)
+            hint = "; with the VAE in the Hugging Face cache add --offline, or give --source PATH" * (
+                error is InputError
+            )
+            raise error(f"cannot reach the Hub for {repo_id}@{revision} ({reason}){hint}") from None
         raise error(f"the Hub failed for {repo_id}@{revision}: {reason}") from None

@@ -184,6 +184,16 @@ def test_publish_without_the_hub(wan_small, tmp_path, monkeypatch, hub):
     )
 
 
+def test_fetching_without_a_network_says_what_works_offline(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_refusing_port()}")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    line = fails(
+        ["wan2.1", "--to", "flax", "--out", tmp_path / "out", "--dry-run"], InputError.exit_code, "cannot reach"
+    )
+    assert "--offline" in line and "--source" in line
+
+
 def test_publish_checks_the_folder_first_and_names_only_typed_options(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
