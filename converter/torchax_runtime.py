@@ -161,11 +161,18 @@ class TorchaxVAE:
         self._steps = {}
 
     def _step(self, part: str, x, cache):
-        from torchax import interop
-
         if part not in self._steps:
-            self._steps[part] = _compiled_step(_ChunkStep(self.model, part))
-        return interop.torch_view(self._steps[part](interop.jax_view(x), interop.jax_view(cache)))
+            from torchax import interop
+
+            from converter.models.common.conv import STEP_COMPILER_OPTIONS
+
+            module = _ChunkStep(self.model, part)
+            jitted = interop.jax_jit(
+                lambda params, x, cache: torch.func.functional_call(module, params, (x, cache)),
+                kwargs_for_jax_jit={"compiler_options": STEP_COMPILER_OPTIONS},
+            )
+            self._steps[part] = functools.partial(jitted, dict(module.named_parameters()))
+        return self._steps[part](x, cache)
 
     def encode(self, x: torch.Tensor):
         """(B, C, T, H, W) torchax tensor (see `to_jax_tensor`) -> the model's EncoderOutput."""
@@ -182,32 +189,6 @@ class TorchaxVAE:
 
     def disable_tiling(self):
         self.model.disable_tiling()
-
-
-# (O, C, kT, kH, kW) <-> (kT, kH, kW, C, O): a 3D conv weight as PyTorch keeps it and as the time taps read it
-TAPS_FIRST, TAPS_FIRST_INVERSE = (2, 3, 4, 1, 0), (4, 3, 0, 1, 2)
-
-
-def _compiled_step(module: nn.Module):
-    """module(x, cache) as one jitted JAX function of (x, cache), the parameters passed in as arguments (not baked in
-    as constants). The 3D conv weights are passed transposed once, taps first: in the step they are transposed back
-    for PyTorch's code, and the conv lowering's own transpose cancels that one, so no step copies the weights into
-    another layout (XLA folds the pair). The transposed copies are held beside the model's own weights."""
-    import jax
-    import jax.numpy as jnp
-    from torchax import interop
-
-    from converter.models.common.conv import STEP_COMPILER_OPTIONS
-
-    params = {name: p.jax() for name, p in module.named_parameters()}
-    taps_first = {name for name, p in params.items() if p.ndim == 5}
-    prepared = {name: jnp.transpose(p, TAPS_FIRST) if name in taps_first else p for name, p in params.items()}
-
-    def step(prepared, x, cache):
-        params = {n: jnp.transpose(p, TAPS_FIRST_INVERSE) if n in taps_first else p for n, p in prepared.items()}
-        return interop.call_torch(lambda p, x, c: torch.func.functional_call(module, p, (x, c)), params, x, cache)
-
-    return functools.partial(jax.jit(step, compiler_options=STEP_COMPILER_OPTIONS), prepared)
 
 
 def compile_model(model: nn.Module) -> TorchaxVAE:
