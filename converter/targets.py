@@ -159,7 +159,7 @@ class TorchaxTarget(Target):
     )
 
     def leaf_shapes(self, family, config):
-        return {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
+        return {k: tuple(v.shape) for k, v in self.empty_model(family, config, None).state_dict().items()}
 
     def empty_model(self, family, config, dtype):
         return meta_torch(family, config)
@@ -170,9 +170,8 @@ class TorchaxTarget(Target):
         return {k: weights[k] for k in weights.keys()}
 
     def build(self, empty_model, weights, path, sharding=None):
-        model = empty_model
-        model.load_state_dict({k: to_torch(v) for k, v in weights.items()}, strict=True, assign=True)
-        return model.eval()
+        empty_model.load_state_dict({k: to_torch(v) for k, v in weights.items()}, strict=True, assign=True)
+        return empty_model.eval()
 
     def runner(self, model):
         return TorchaxRunner(model)
