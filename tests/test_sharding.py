@@ -25,29 +25,29 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh
 import converter
 
-out, channels = sys.argv[1], int(sys.argv[2])
+out, channels, meshes = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 rng = np.random.default_rng(0)
 z = rng.standard_normal((2, 3, 4, 8, channels)).astype(np.float32)   # (B, T, H, W, C): width 8 over tp <= 8
 x = rng.uniform(-1, 1, (2, 5, 32, 64, 3)).astype(np.float32)          # encodes to width 8
 plain = converter.load(out)
 expected = {"decode": np.asarray(plain.decode(z)), "encode": np.asarray(plain.encode(x)[0])}
 report = {"devices": len(jax.devices()), "scale": {k: float(np.abs(v).max()) for k, v in expected.items()}}
-for shape in [(1, 8), (2, 4)]:
-    for kind in ("auto", "explicit"):
-        if kind == "auto":
-            mesh = Mesh(np.array(jax.devices()).reshape(shape), ("dp", "tp"))
-        else:
-            mesh = jax.make_mesh(shape, ("dp", "tp"))
-        model = converter.load(out, mesh=mesh)
-        params = jax.tree.leaves(nnx.state(model))
-        got = {"decode": model.decode(z, mesh=mesh), "encode": model.encode(x, mesh=mesh)[0]}
-        report[f"{shape} {kind}"] = {
-            "axis_types": sorted({str(t) for t in mesh.axis_types}),
-            "params_on_mesh": all(p.sharding.mesh == mesh for p in params),
-            **{f"{k}_max_abs": float(np.abs(np.asarray(v) - expected[k]).max()) for k, v in got.items()},
-            **{f"{k}_devices": len(v.sharding.device_set) for k, v in got.items()},
-        }
-try:
+for dp, tp, kind in meshes:
+    shape = (dp, tp)
+    if kind == "auto":
+        mesh = Mesh(np.array(jax.devices()).reshape(shape), ("dp", "tp"))
+    else:
+        mesh = jax.make_mesh(shape, ("dp", "tp"))
+    model = converter.load(out, mesh=mesh)
+    params = jax.tree.leaves(nnx.state(model))
+    got = {"decode": model.decode(z, mesh=mesh), "encode": model.encode(x, mesh=mesh)[0]}
+    report[f"{shape} {kind}"] = {
+        "axis_types": sorted({str(t) for t in mesh.axis_types}),
+        "params_on_mesh": all(p.sharding.mesh == mesh for p in params),
+        **{f"{k}_max_abs": float(np.abs(np.asarray(v) - expected[k]).max()) for k, v in got.items()},
+        **{f"{k}_devices": len(v.sharding.device_set) for k, v in got.items()},
+    }
+try:  # the last mesh has "dp" of 2
     model.decode(z[:1], mesh=mesh)
 except ValueError as e:
     report["batch_of_one"] = str(e)
@@ -55,14 +55,16 @@ print(json.dumps(report))
 """
 
 
-# each family's default architecture, and Wan 2.2's layout (patchified input, residual shortcuts)
-CASES = {f"{family.name}-default-arch": (family, "default-arch") for family in FAMILIES.values()}
-CASES["wan-wan2.2-layout"] = (FAMILIES["wan"], "wan2.2-layout")
+ALL_MESHES = [(1, 8, "auto"), (2, 4, "auto"), (1, 8, "explicit"), (2, 4, "explicit")]
+# each family's default architecture on every mesh; Wan 2.2's layout (patchified input, residual shortcuts), whose
+# blocks are the default architecture's, on two of them: each shape and each axis type once
+CASES = {f"{family.name}-default-arch": (family, "default-arch", ALL_MESHES) for family in FAMILIES.values()}
+CASES["wan-wan2.2-layout"] = (FAMILIES["wan"], "wan2.2-layout", [(1, 8, "explicit"), (2, 4, "auto")])
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharded_matches_unsharded(tmp_path, case):
-    family, which = CASES[case]
+    family, which, meshes = CASES[case]
     config = family.config_class.from_dict(family.small_configs[which])
     channels = family.validation_latent_shape(config)[1]
     save_diffusers(family, tmp_path / "vae", family.small_configs[which])
@@ -70,7 +72,7 @@ def test_sharded_matches_unsharded(tmp_path, case):
     run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
     result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "out"), str(channels)],
+        [sys.executable, "-c", SCRIPT, str(tmp_path / "out"), str(channels), json.dumps(meshes)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -80,7 +82,9 @@ def test_sharded_matches_unsharded(tmp_path, case):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["devices"] == 8
     assert "a batch of 1 does not split over the mesh's 'dp' axis of 2 devices" in report["batch_of_one"]
-    for shape in ("(1, 8) auto", "(2, 4) auto", "(1, 8) explicit", "(2, 4) explicit"):
+    assert len(report) == 3 + len(meshes)  # devices, scale, batch_of_one, and each mesh
+    for dp, tp, kind in meshes:
+        shape = f"{(dp, tp)} {kind}"
         r = report[shape]
         assert r["axis_types"] == ["AxisType.Auto" if shape.endswith("auto") else "AxisType.Explicit"], r
         assert r["params_on_mesh"], shape

@@ -73,7 +73,7 @@ CASES = {
 def converted(request, tmp_path_factory):
     case = CASES[request.param]
     config = family_of(case.model).small_configs[case.small]
-    reference, models = converted_by_cli(case.model, config, tmp_path_factory.mktemp(request.param), "--no-validate")
+    reference, models = converted_by_cli(case.model, config, tmp_path_factory.mktemp(request.param))
     for model in models.values():
         model.enable_tiling(**case.tiling)
     return case, reference, models
