@@ -18,8 +18,8 @@ EXIT_INTERRUPTED = 130
 def _interrupted(signum, frame):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup below is not to be cut short by a second signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    unwritten = abandon_all()
-    print(f"error: interrupted{'; nothing was written' if unwritten else ''}", file=sys.stderr, flush=True)
+    outcome = abandon_all()
+    print(f"error: interrupted{'; ' + outcome if outcome else ''}", file=sys.stderr, flush=True)
     os._exit(EXIT_INTERRUPTED)
 
 

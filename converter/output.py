@@ -16,12 +16,15 @@ What it guarantees:
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import json
 import os
 import shutil
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from converter.errors import InputError, OutputError
 MANIFEST = "vae_convert.json"
 TOOL = "vae-convert"
 _IN_PROGRESS: set[OutputFolder] = set()  # folders whose work folder exists, for `abandon_all` on a signal
+_WRITTEN: list[Path] = []  # outputs this process has moved into place
 
 
 def write_json(path: Path, content: dict):
@@ -113,16 +117,17 @@ class OutputFolder:
                 )
 
     def __enter__(self) -> Path:
-        try:
-            self.out.parent.mkdir(parents=True, exist_ok=True)
-            work = tempfile.mkdtemp(prefix=f"{_sibling_prefix(self.out, 'tmp')}{os.getpid()}-", dir=self.out.parent)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(work, 0o777 & ~umask)  # mkdtemp makes it private; the output should get normal permissions
-        except OSError as e:
-            raise OutputError(f"cannot create the output next to {self.out}: {e.strerror or e}") from None
-        self.work = Path(work)
-        _IN_PROGRESS.add(self)
+        with _signals_held():  # a signal handler sees the work folder registered, or not yet made
+            try:
+                self.out.parent.mkdir(parents=True, exist_ok=True)
+                work = tempfile.mkdtemp(prefix=f"{_sibling_prefix(self.out, 'tmp')}{os.getpid()}-", dir=self.out.parent)
+                umask = os.umask(0)
+                os.umask(umask)
+                os.chmod(work, 0o777 & ~umask)  # mkdtemp makes it private; the output should get normal permissions
+            except OSError as e:
+                raise OutputError(f"cannot create the output next to {self.out}: {e.strerror or e}") from None
+            self.work = Path(work)
+            _IN_PROGRESS.add(self)
         return self.work
 
     def __exit__(self, *exc_info):
@@ -135,6 +140,7 @@ class OutputFolder:
         """Undoes this run's changes at once (on a signal): the work folder goes, and an old output moved aside for
         --force comes back. Returns False when the new output was already in place."""
         if self.committed:
+            _remove(self.moved_aside)  # the old output it replaced
             return False
         if self.moved_aside is not None:
             self._put_back(self.moved_aside)
@@ -152,6 +158,12 @@ class OutputFolder:
     def commit(self):
         """Moves the finished work folder into place. Without --force an output that appeared meanwhile is kept and
         this run fails; with --force it is moved aside, and deleted only once the new output is in place."""
+        with _signals_held():  # a signal handler sees the output moved in and `committed` set, or neither
+            self._move_into_place()
+        _remove(self.moved_aside)
+        self.moved_aside = None
+
+    def _move_into_place(self):
         try:
             if self.force and os.path.lexists(self.out):
                 if not self._replaceable():  # it changed since check()
@@ -177,8 +189,7 @@ class OutputFolder:
         except OSError as e:
             raise OutputError(f"cannot move the output into place at {self.out}: {e.strerror or e}") from None
         self.committed = True
-        _remove(self.moved_aside)
-        self.moved_aside = None
+        _WRITTEN.append(self.out)
 
     def recover_interrupted(self):
         """Cleans up after runs that were killed: their work folders go; a previous output one had moved aside for
@@ -220,11 +231,31 @@ def _remove(folder: Path | None):
     except OSError:
         trash = folder
     shutil.rmtree(trash, ignore_errors=True)
+    if os.path.lexists(trash):  # a file a writer thread finished while the tree was being removed
+        shutil.rmtree(trash, ignore_errors=True)
 
 
-def abandon_all() -> bool:
-    """Abandons every output folder in progress (see `OutputFolder.abandon`); whether any output was left unwritten."""
-    return any([folder.abandon() for folder in list(_IN_PROGRESS)])
+@contextlib.contextmanager
+def _signals_held():
+    """SIGINT and SIGTERM wait (the kernel keeps them pending) until the block ends, in the main thread; their
+    handler (converter/__main__.py) then runs at once."""
+    held = {signal.SIGINT, signal.SIGTERM}
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def abandon_all() -> str:
+    """Abandons every output folder in progress (see `OutputFolder.abandon`); says what became of the outputs."""
+    unwritten = any([folder.abandon() for folder in list(_IN_PROGRESS)])
+    if _WRITTEN:
+        return f"the output at {_WRITTEN[-1]} was already complete and stays"
+    return "nothing was written" if unwritten else ""
 
 
 _AT_FDCWD = -100

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from converter.registry import FAMILIES
-from tests.helpers import save_diffusers
+# the helpers' asserts (what a folder holds, an exit code) report their values, as the tests' own do
+pytest.register_assert_rewrite("tests.helpers")
+
+from converter.registry import FAMILIES  # noqa: E402
+from tests.helpers import save_diffusers  # noqa: E402
 
 WAN = FAMILIES["wan"]
 

@@ -4,14 +4,17 @@ folder that is no vae-convert output, and not another run's output that appeared
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 
+from converter import output
 from converter.errors import OutputError
-from converter.output import _rename_noreplace
+from converter.output import OutputFolder, _rename_noreplace
 from tests.helpers import REPO, earlier_output, fails, manifest, run_cli
 
 
@@ -109,3 +112,28 @@ def test_the_final_rename_refuses_even_an_empty_target(tmp_path):
     with pytest.raises(FileExistsError):
         _rename_noreplace(tmp_path / "work", tmp_path / "target")
     assert (tmp_path / "work" / "file").exists() and not any((tmp_path / "target").iterdir())
+
+
+def test_a_signal_during_the_final_rename_waits_for_it(tmp_path, monkeypatch):
+    """The signal handler runs after the rename and its record, never between them, so what it undoes matches the
+    disk: an interrupt once the new output is in place keeps it, deletes the old one --force replaced, and says so."""
+    monkeypatch.setattr(output, "_WRITTEN", [])
+    rename, said = output._rename_noreplace, []
+
+    def rename_then_signal(source, target):
+        rename(source, target)
+        os.kill(os.getpid(), signal.SIGTERM)  # before `committed` is set
+
+    monkeypatch.setattr(output, "_rename_noreplace", rename_then_signal)
+    previous = signal.signal(signal.SIGTERM, lambda *_: said.append(output.abandon_all()))
+    try:
+        earlier_output(tmp_path / "out")
+        folder = OutputFolder(tmp_path / "out", force=True)
+        with folder as work:
+            (work / "new.txt").write_text("new output")
+            folder.commit()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert said == [f"the output at {tmp_path / 'out'} was already complete and stays"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["new.txt"]

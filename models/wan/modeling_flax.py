@@ -165,10 +165,13 @@ class WanAttentionBlock(nnx.Module):
 
     def __call__(self, x, cache=None):
         b, t, h, w, c = x.shape
-        tokens = self.norm(x.reshape(b * t, h * w, c))
-        q, k, v = jnp.split(self.to_qkv(tokens), 3, axis=-1)  # each (B*T, H*W, C)
-        weights = jax.nn.softmax(jnp.einsum("bqc,bkc->bqk", q, k) / jnp.sqrt(c).astype(q.dtype), axis=-1)
-        out = self.proj(jnp.einsum("bqk,bkc->bqc", weights, v))
+        # the pixels stay (H, W), not flattened to H*W tokens: with the width split over devices, each device's
+        # queries then hold their share of the (H, W, H, W) scores
+        tokens = self.norm(x.reshape(b * t, h, w, c))
+        q, k, v = jnp.split(self.to_qkv(tokens), 3, axis=-1)  # each (B*T, H, W, C)
+        scores = jnp.einsum("bhwc,bxyc->bhwxy", q, k) / jnp.sqrt(c).astype(q.dtype)
+        weights = jax.nn.softmax(scores, axis=(-2, -1))
+        out = self.proj(jnp.einsum("bhwxy,bxyc->bhwc", weights, v))
         return x + out.reshape(b, t, h, w, c), None
 
 
