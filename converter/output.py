@@ -231,8 +231,6 @@ def _remove(folder: Path | None):
     except OSError:
         trash = folder
     shutil.rmtree(trash, ignore_errors=True)
-    if os.path.lexists(trash):  # a file a writer thread finished while the tree was being removed
-        shutil.rmtree(trash, ignore_errors=True)
 
 
 @contextlib.contextmanager
