@@ -235,17 +235,24 @@ def _remove(folder: Path | None):
 
 @contextlib.contextmanager
 def _signals_held():
-    """SIGINT and SIGTERM wait (the kernel keeps them pending) until the block ends, in the main thread; their
-    handler (converter/__main__.py) then runs at once."""
-    held = {signal.SIGINT, signal.SIGTERM}
+    """SIGINT and SIGTERM that arrive during the block are recorded and handed to their handler (converter/__main__.py)
+    when it ends. Handlers are swapped rather than the signal masked: a mask covers one thread, and a signal sent to
+    the process can land on any of JAX's or Orbax's threads."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    arrived = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: arrived.append(signum)) for sig in _HELD}
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if arrived and callable(previous[arrived[0]]):
+            previous[arrived[0]](arrived[0], None)
+
+
+_HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 def abandon_all() -> str:
