@@ -187,15 +187,18 @@ def task_run(impl: str, path: str, latent: list, video: list, cache: str | None)
             model = getattr(diffusers, config["_class_name"]).from_pretrained(path).eval()
         else:
             model = converter.load(path)
-        zt, xt = torch.from_numpy(z), torch.from_numpy(x)
+        # eager PyTorch on the GPU where there is one; numpy in and out, as the jitted runners take and give
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        model = model.to(device)
+        zt, xt = torch.from_numpy(z).to(device), torch.from_numpy(x).to(device)
 
         def decode():
             with torch.no_grad():
-                model.decode(zt)
+                model.decode(zt).sample.cpu().numpy()
 
         def encode():
             with torch.no_grad():
-                model.encode(xt)
+                model.encode(xt).latent_dist.mean.cpu().numpy()
 
     return {"decode": _timed(decode), "encode": _timed(encode)}
 
@@ -329,7 +332,7 @@ def _vae_convert(*args):
     subprocess.run([sys.executable, "-m", "converter", *map(str, args)], cwd=REPO, check=True, capture_output=True)
 
 
-def measure_model(model: str, shapes: tuple, work: Path, smoke: bool) -> dict:
+def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str]) -> dict:
     latent, video = shapes
     source = work / f"{model}-source"
     _vae_convert("random-checkpoint", model, source, *(["--small"] if smoke else []))
@@ -367,7 +370,8 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool) -> dict:
     devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={SIMULATED_DEVICES}"}
     result["compile"] = {
         layout: _task("compile", env=devices, model=model, layout=layout, smoke=smoke)
-        for layout in (SMOKE_LAYOUTS if smoke else LAYOUTS)
+        for layout in layouts
+        if _fits(LAYOUTS[layout])
     }
     if smoke:
         return result
@@ -377,6 +381,13 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool) -> dict:
         "run", impl="flax", path=str(runs["flax"]), latent=latent, video=video, cache=str(cache)
     )
     return result
+
+
+def _fits(mesh_shape: tuple | None) -> bool:
+    """Whether the backend has the devices a mesh needs: a CPU simulates them, one GPU cannot."""
+    import jax
+
+    return mesh_shape is None or jax.default_backend() == "cpu" or jax.device_count() >= SIMULATED_DEVICES
 
 
 def _has_diffusers() -> bool:
@@ -460,10 +471,12 @@ def _size(nbytes: int) -> str:
 def compile_table(results: dict) -> list[str]:
     """The compile-only measurements: per model, layout and part, and the split of temporaries over (1, 8)."""
     video = SMOKE_VIDEO if results["mode"] == "smoke" else REAL_VIDEO
+    on_cpu = "JAX backend cpu" in results["device"]
+    devices = f"{SIMULATED_DEVICES} simulated CPU devices" if on_cpu else "compiled for the one GPU: no meshes"
     lines = [
         "",
         f"Compiled, not run: every encode and decode step of a {video[2]}-frame {video[3]}x{video[4]} video "
-        f"(Flax, float32; {SIMULATED_DEVICES} simulated CPU devices). Memory is XLA's analysis per device, the "
+        f"(Flax, float32; {devices}). Memory is XLA's analysis per device, the "
         "largest over the steps; the cache is the causal cache a step passes on, over all devices.",
         "",
         "| model | layout | batch | part | input (B, T, H, W, C) | step shapes | compile, slowest step | arguments "
@@ -497,6 +510,7 @@ def main():
     parser.add_argument("--smoke", action="store_true", help="small widths, under a minute")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--models", nargs="*", help="default: all (one in --smoke)")
+    parser.add_argument("--layouts", nargs="*", choices=list(LAYOUTS), help="compile-only layouts; default: all")
     parser.add_argument("--task", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.task:
@@ -512,7 +526,8 @@ def main():
         measured = cases(args.smoke)
         for model in args.models or list(measured):
             print(f"measuring {model} ...", file=sys.stderr)
-            results["models"][model] = measure_model(model, measured[model], Path(work), args.smoke)
+            layouts = args.layouts if args.layouts is not None else SMOKE_LAYOUTS if args.smoke else list(LAYOUTS)
+            results["models"][model] = measure_model(model, measured[model], Path(work), args.smoke, layouts)
     args.out.mkdir(parents=True, exist_ok=True)
     name = "smoke" if args.smoke else "latest"
     (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
