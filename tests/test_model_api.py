@@ -85,3 +85,20 @@ def test_readme_torchax_snippet_works_for_a_bfloat16_output(outputs):
         from_jax = vae.decode(to_jax_tensor(vae, jnp.asarray(latents))).sample
     assert frames.dtype == torch.bfloat16 and tuple(frames.shape) == (1, 3, 5, 16, 16)
     assert np.array_equal(np.asarray(frames.jax().astype(jnp.float32)), np.asarray(from_jax.jax().astype(jnp.float32)))
+
+
+def test_compile_model_leaves_the_model_as_it_is(outputs):
+    """The wrapper runs on its own copy of the weights, 3D kernels stored (kT, kH, kW, C, O): the PyTorch model
+    stays on CPU with its weights unchanged, usable as before."""
+    model = converter.load(outputs / "tx")
+    before = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    vae = compile_model(model)
+    with vae.torchax_env:
+        vae.decode(to_jax_tensor(vae, np.ones((1, 4, 2, 2, 2), np.float32)))
+    after = model.state_dict()
+    assert all(after[name].device.type == "cpu" and torch.equal(after[name], before[name]) for name in before)
+    kernels = {f"{name}.weight": m for name, m in model.named_modules() if isinstance(m, torch.nn.Conv3d)}
+    assert kernels and all(
+        vae.params[name].shape == (*m.kernel_size, m.in_channels // m.groups, m.out_channels)
+        for name, m in kernels.items()
+    )

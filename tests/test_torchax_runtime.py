@@ -34,19 +34,22 @@ def test_torchax_imports_with_placeholders_for_exactly_the_missing_overloads():
 
 
 @pytest.mark.parametrize(
-    "conv, shape, taps",
+    "conv, shape, lowered",
     [
-        (lambda: torch.nn.Conv3d(8, 6, 3, padding=(0, 1, 1)), (2, 8, 5, 7, 9), 3),  # causal convs: time unpadded
-        (lambda: torch.nn.Conv3d(8, 6, (3, 1, 1), stride=(2, 1, 1)), (1, 8, 5, 4, 4), 0),  # Wan's time downsampling
-        (lambda: torch.nn.Conv3d(8, 6, 1), (1, 8, 3, 4, 4), 0),
-        (lambda: torch.nn.Conv3d(8, 6, 3, padding=1, groups=2), (1, 8, 4, 5, 5), 0),
-        (lambda: torch.nn.Conv2d(8, 6, 3, stride=2), (2, 8, 9, 9), 0),
+        (lambda: torch.nn.Conv3d(8, 6, 3, padding=(0, 1, 1)), (2, 8, 5, 7, 9), "2d per tap"),  # time unpadded
+        (lambda: torch.nn.Conv3d(8, 64, 3, padding=(0, 1, 1)), (1, 8, 4, 3, 3), "matmul"),  # 18 positions, 64 out
+        (lambda: torch.nn.Conv3d(8, 64, 3, padding=(0, 1, 1), stride=(1, 2, 2)), (1, 8, 3, 5, 4), "matmul"),
+        (lambda: torch.nn.Conv3d(8, 6, (3, 1, 1), stride=(2, 1, 1)), (1, 8, 5, 4, 4), "3d"),  # Wan's time downsampling
+        (lambda: torch.nn.Conv3d(8, 6, 1), (1, 8, 3, 4, 4), "3d"),
+        (lambda: torch.nn.Conv3d(8, 6, 3, padding=1, groups=2), (1, 8, 4, 5, 5), "3d"),
+        (lambda: torch.nn.Conv2d(8, 6, 3, stride=2), (2, 8, 9, 9), "2d"),
     ],
-    ids=["taps", "time-stride", "pointwise", "groups", "2d"],
+    ids=["taps", "matmul", "matmul-strided", "time-stride", "pointwise", "groups", "2d"],
 )
-def test_convolutions_lower_as_the_flax_models_do(conv, shape, taps):
-    """aten.convolution under the runtime equals PyTorch's; a 3D conv with a time kernel and no time padding or
-    stride becomes one 2D conv per tap on CPU (as in models/common/conv.py), the others stay as torchax lowers them."""
+def test_convolutions_lower_as_the_flax_models_do(conv, shape, lowered):
+    """aten.convolution under the runtime equals PyTorch's. A 3D conv with a time kernel and no time padding or
+    stride is, on CPU (as in models/common/conv.py), one 2D conv per tap, or one matrix product of its patches when
+    it has fewer output positions than output channels; the others stay as torchax lowers them."""
     import jax
     import jax.numpy as jnp
 
@@ -66,10 +69,15 @@ def test_convolutions_lower_as_the_flax_models_do(conv, shape, taps):
             return on_jax(interop.torch_view(array)).jax()
 
         got = np.asarray(run(jnp.asarray(x.numpy())))
-        convs = [
-            e for e in jax.make_jaxpr(run)(jnp.asarray(x.numpy())).eqns if e.primitive.name == "conv_general_dilated"
-        ]
+        eqns = jax.make_jaxpr(run)(jnp.asarray(x.numpy())).eqns
     assert got.shape == expected.shape
     assert np.abs(got - expected).max() <= 1e-5
-    ranks = [e.invars[0].aval.ndim for e in convs]
-    assert ranks == ([4] * taps if taps else [len(shape)])
+    ranks = [e.invars[0].aval.ndim for e in eqns if e.primitive.name == "conv_general_dilated"]
+    products = [e for e in eqns if e.primitive.name == "dot_general"]
+    taps = module.kernel_size[0]
+    assert (ranks, len(products)) == {
+        "2d per tap": ([4] * taps, 0),
+        "matmul": ([], 1),
+        "3d": ([5], 0),
+        "2d": ([4], 0),
+    }[lowered]

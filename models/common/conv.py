@@ -7,7 +7,11 @@ differs.
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import jax
+import jax.numpy as jnp
 from jax import lax
 
 # Options for compiling the models' steps. XLA:CPU hands convolutions to YNNPACK by default; with that off it runs
@@ -54,6 +58,16 @@ def time_tap_conv(
     taps = rhs.shape[0]
     n, t, h, w, c = lhs.shape
     frames = t - taps + 1
+    positions = (
+        n
+        * frames
+        * math.prod(
+            (size + lo + hi - k) // stride + 1
+            for size, (lo, hi), k, stride in zip((h, w), padding[1:], rhs.shape[1:3], window_strides[1:])
+        )
+    )
+    if positions <= rhs.shape[-1]:
+        return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], kwargs.get("precision"))
     out = None
     for tap in range(taps):
         window = lhs[:, tap : tap + frames].reshape(n * frames, h, w, c)  # (N*T', H, W, C)
@@ -62,3 +76,27 @@ def time_tap_conv(
         )
         out = y if out is None else out + y
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)
+
+
+def patch_matmul(lhs, rhs, strides, padding, precision=None):
+    """The convolution as one matrix product: its patches (N*T'*H'*W', kT*kH*kW*C) times the kernel (kT*kH*kW*C, O).
+    For layers with fewer output positions than output channels (low resolution, many channels) reading the kernel
+    once is what costs, and one product reads it once where the per-tap 2D convolutions do not. lhs (N, T, H, W, C)
+    time-unpadded, rhs (kT, kH, kW, C, O), strides and padding for (H, W)."""
+    kt, kh, kw, c, o = rhs.shape
+    x = jnp.pad(lhs, ((0, 0), (0, 0), *padding, (0, 0)))
+    n, t, hp, wp, _ = x.shape
+    frames, ho, wo = t - kt + 1, (hp - kh) // strides[0] + 1, (wp - kw) // strides[1] + 1
+    patches = jnp.concatenate(
+        [
+            lax.slice(
+                x,
+                (0, a, b, d, 0),
+                (n, a + frames, b + (ho - 1) * strides[0] + 1, d + (wo - 1) * strides[1] + 1, c),
+                (1, 1, *strides, 1),
+            )
+            for a, b, d in itertools.product(range(kt), range(kh), range(kw))
+        ],
+        axis=-1,
+    )  # (N, T', H', W', kT*kH*kW*C), in the kernel's order
+    return jnp.einsum("nthwk,ko->nthwo", patches, rhs.reshape(kt * kh * kw * c, o), precision=precision)
