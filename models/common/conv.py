@@ -1,8 +1,9 @@
-"""3D convolutions as one 2D convolution per time tap, on CPU: a drop-in `conv_general_dilated` for `nnx.Conv`.
+"""3D convolutions on CPU as one 2D convolution per time tap, or as one matrix product of their patches: a drop-in
+`conv_general_dilated` for `nnx.Conv`.
 
-XLA:CPU runs 2D convolutions much faster than 3D ones (README, Performance, has the measurements). Other backends
-keep XLA's conv3d, which is their fast path. The sum over taps is the same convolution; only the order of additions
-differs.
+XLA:CPU runs 2D convolutions much faster than 3D ones, and a matrix product reads a large kernel better than either
+when there are few output positions (README, Performance, has the measurements). Other backends keep XLA's conv3d,
+which is their fast path. Both are the same convolution; only the order of additions differs.
 """
 
 from __future__ import annotations
@@ -58,16 +59,8 @@ def time_tap_conv(
     taps = rhs.shape[0]
     n, t, h, w, c = lhs.shape
     frames = t - taps + 1
-    positions = (
-        n
-        * frames
-        * math.prod(
-            (size + lo + hi - k) // stride + 1
-            for size, (lo, hi), k, stride in zip((h, w), padding[1:], rhs.shape[1:3], window_strides[1:])
-        )
-    )
-    if positions <= rhs.shape[-1]:
-        return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], kwargs.get("precision"))
+    if n * frames * math.prod(_output_size(lhs, rhs, window_strides[1:], padding[1:])) <= rhs.shape[-1]:
+        return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], **kwargs)
     out = None
     for tap in range(taps):
         window = lhs[:, tap : tap + frames].reshape(n * frames, h, w, c)  # (N*T', H, W, C)
@@ -78,15 +71,23 @@ def time_tap_conv(
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)
 
 
-def patch_matmul(lhs, rhs, strides, padding, precision=None):
+def _output_size(lhs, rhs, strides, padding) -> tuple[int, int]:
+    """(H', W') of a convolution of lhs (N, T, H, W, C) by rhs (kT, kH, kW, C, O), strides and padding for (H, W)."""
+    return tuple(
+        (size + lo + hi - k) // stride + 1
+        for size, (lo, hi), k, stride in zip(lhs.shape[2:4], padding, rhs.shape[1:3], strides)
+    )
+
+
+def patch_matmul(lhs, rhs, strides, padding, precision=None, preferred_element_type=None):
     """The convolution as one matrix product: its patches (N*T'*H'*W', kT*kH*kW*C) times the kernel (kT*kH*kW*C, O).
     For layers with fewer output positions than output channels (low resolution, many channels) reading the kernel
     once is what costs, and one product reads it once where the per-tap 2D convolutions do not. lhs (N, T, H, W, C)
     time-unpadded, rhs (kT, kH, kW, C, O), strides and padding for (H, W)."""
     kt, kh, kw, c, o = rhs.shape
+    (n, t, *_), (ho, wo) = lhs.shape, _output_size(lhs, rhs, strides, padding)
+    frames = t - kt + 1
     x = jnp.pad(lhs, ((0, 0), (0, 0), *padding, (0, 0)))
-    n, t, hp, wp, _ = x.shape
-    frames, ho, wo = t - kt + 1, (hp - kh) // strides[0] + 1, (wp - kw) // strides[1] + 1
     patches = jnp.concatenate(
         [
             lax.slice(
@@ -99,4 +100,7 @@ def patch_matmul(lhs, rhs, strides, padding, precision=None):
         ],
         axis=-1,
     )  # (N, T', H', W', kT*kH*kW*C), in the kernel's order
-    return jnp.einsum("nthwk,ko->nthwo", patches, rhs.reshape(kt * kh * kw * c, o), precision=precision)
+    kernel = rhs.reshape(kt * kh * kw * c, o)
+    return jnp.einsum(
+        "nthwk,ko->nthwo", patches, kernel, precision=precision, preferred_element_type=preferred_element_type
+    )
