@@ -162,17 +162,14 @@ class TorchaxVAE:
     PYTORCH_ORDER = (4, 3, 0, 1, 2)  # back
 
     def __init__(self, model: nn.Module):
-        import jax
-
-        self.torchax_env = torchax_env()  # imports torchax, after the placeholders above
-        from torchax.ops.mappings import t2j
-
+        self.torchax_env = torchax_env()
         self.model, self.config = model, model.config
         self.dtype = next(model.parameters()).dtype
         self.kernels = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Conv3d)}
-        relayout = jax.jit(lambda kernel: kernel.transpose(self.KERNEL_ORDER))
-        self.params = {
-            name: relayout(t2j(tensor.detach())) if name in self.kernels else t2j(tensor.detach())
+        self.params = {  # copied onto JAX as `model.to("jax")` copies (a permuted kernel is laid out anew first)
+            name: self.torchax_env.t2j_copy(
+                tensor.detach().permute(self.KERNEL_ORDER).contiguous() if name in self.kernels else tensor.detach()
+            )
             for name, tensor in (*model.named_parameters(), *model.named_buffers())
         }
         self._steps = {}
