@@ -34,6 +34,7 @@ MANIFEST = "vae_convert.json"
 TOOL = "vae-convert"
 _IN_PROGRESS: set[OutputFolder] = set()  # folders whose work folder exists, for `abandon_all` on a signal
 _WRITTEN: list[Path] = []  # outputs this process has moved into place
+_HELD = (signal.SIGINT, signal.SIGTERM)  # the signals whose handler undoes a run (converter/__main__.py)
 
 
 def write_json(path: Path, content: dict):
@@ -250,9 +251,6 @@ def _signals_held():
             signal.signal(sig, handler)
         if arrived and callable(previous[arrived[0]]):
             previous[arrived[0]](arrived[0], None)
-
-
-_HELD = (signal.SIGINT, signal.SIGTERM)
 
 
 def abandon_all() -> str:

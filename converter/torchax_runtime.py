@@ -97,6 +97,10 @@ def _native_group_norm(x, weight, bias, n, channels, hw, groups, eps):
     return interop.call_jax(_jax_group_norm, x, weight, bias, n, channels, hw, groups, eps)
 
 
+# 3D kernels: PyTorch's (O, C/groups, kT, kH, kW) -> (kT, kH, kW, C/groups, O), the order the lowering reads, and back
+KERNEL_ORDER, PYTORCH_ORDER = (2, 3, 4, 1, 0), (4, 3, 0, 1, 2)
+
+
 def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """aten.convolution in JAX: a 3D convolution as the Flax models run it, anything else as torchax lowers it."""
     from jax import lax
@@ -108,7 +112,7 @@ def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, out
         return jaten._aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     y = time_tap_conv(
         x.transpose(0, 2, 3, 4, 1),  # (N, C, T, H, W) -> (N, T, H, W, C)
-        weight.transpose(2, 3, 4, 1, 0),  # (O, C/groups, kT, kH, kW) -> (kT, kH, kW, C/groups, O)
+        weight.transpose(KERNEL_ORDER),
         tuple(stride),
         [(p, p) for p in padding],
         rhs_dilation=tuple(dilation),
@@ -158,9 +162,6 @@ class TorchaxVAE:
     back, so XLA sees the stored kernel itself instead of copying a transposed one on every call (the copy cost
     more than the convolutions on CPU)."""
 
-    KERNEL_ORDER = (2, 3, 4, 1, 0)  # (O, C, kT, kH, kW) -> (kT, kH, kW, C, O)
-    PYTORCH_ORDER = (4, 3, 0, 1, 2)  # back
-
     def __init__(self, model: nn.Module):
         self.torchax_env = torchax_env()
         self.model, self.config = model, model.config
@@ -168,7 +169,7 @@ class TorchaxVAE:
         self.kernels = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Conv3d)}
         self.params = {  # copied onto JAX as `model.to("jax")` copies (a permuted kernel is laid out anew first)
             name: self.torchax_env.t2j_copy(
-                tensor.detach().permute(self.KERNEL_ORDER).contiguous() if name in self.kernels else tensor.detach()
+                tensor.detach().permute(KERNEL_ORDER).contiguous() if name in self.kernels else tensor.detach()
             )
             for name, tensor in (*model.named_parameters(), *model.named_buffers())
         }
@@ -184,7 +185,7 @@ class TorchaxVAE:
 
             def run(params, x, cache):
                 params = {
-                    f"model.{name}": value.permute(self.PYTORCH_ORDER) if name in self.kernels else value
+                    f"model.{name}": value.permute(PYTORCH_ORDER) if name in self.kernels else value
                     for name, value in params.items()
                 }
                 return torch.func.functional_call(module, params, (x, cache))
