@@ -3,7 +3,9 @@
 SIGINT and SIGTERM are handled from the first moment, by undoing the run's changes in the handler itself (the work
 folder goes, an output moved aside for --force comes back) and ending the process with exit 130. No exception is
 raised to unwind the run: code deep in JAX, PyTorch or a finalizer could swallow it. os._exit skips the
-interpreter's teardown, where the runtime threads of an interrupted computation can crash the process.
+interpreter's teardown, where the runtime threads of an interrupted computation can crash the process. From the
+handler on, the error line is the only thing written to stderr: other threads still running (an Orbax write whose
+files the handler removes, say) fail noisily, and their tracebacks would bury it.
 """
 
 import os
@@ -18,8 +20,15 @@ EXIT_INTERRUPTED = 130
 def _interrupted(signum, frame):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup below is not to be cut short by a second signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    outcome = abandon_all()
-    print(f"error: interrupted{'; ' + outcome if outcome else ''}", file=sys.stderr, flush=True)
+    sys.stderr.flush()
+    stderr = os.dup(2)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    try:
+        outcome = abandon_all()
+        line = f"error: interrupted{'; ' + outcome if outcome else ''}"
+    except OSError as e:
+        line = f"error: interrupted; undoing the run's changes failed: {e}"
+    os.write(stderr, f"{line}\n".encode())
     os._exit(EXIT_INTERRUPTED)
 
 

@@ -222,16 +222,37 @@ def _owner_alive(folder: Path, prefix: str) -> bool:
 
 
 def _remove(folder: Path | None):
-    """Removes a work or backup folder. It is renamed first, so that a writer thread still finishing a file (Orbax
-    writes from threads) cannot recreate anything under the old name once it is gone."""
+    """Removes a work or backup folder. Writer threads may still be adding files under it (Orbax writes from threads,
+    making missing parent folders as it goes), so the folder is first swapped, atomically, for an empty file of its
+    name, under which nothing can be made; that file goes last."""
     if folder is None or not os.path.lexists(folder):
         return
     trash = folder.with_name(folder.name + ".removing")
+    _discard(trash)
+    blocker = None
     try:
-        os.rename(folder, trash)
+        os.close(os.open(trash, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        if _renameat2(trash, folder, _RENAME_EXCHANGE) == 0:
+            blocker = folder
+        else:
+            os.unlink(trash)
+            os.rename(folder, trash)
     except OSError:
         trash = folder
-    shutil.rmtree(trash, ignore_errors=True)
+    _discard(trash)
+    if blocker is not None:
+        _discard(blocker)
+
+
+def _discard(path: Path):
+    for _ in range(3):  # a writer holding an open folder may still add to it while it is emptied
+        if os.path.isdir(path) and not os.path.islink(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif os.path.lexists(path):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if not os.path.lexists(path):
+            return
 
 
 @contextlib.contextmanager
@@ -263,20 +284,29 @@ def abandon_all() -> str:
 
 _AT_FDCWD = -100
 _RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+
+
+def _renameat2(source: Path, target: Path, flags: int) -> int:
+    """Linux renameat2(2): 0 when done, else its errno (ENOSYS where the C library lacks it)."""
+    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
+    if renameat2 is None:
+        return errno.ENOSYS
+    if renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), flags) == 0:
+        return 0
+    return ctypes.get_errno()
 
 
 def _rename_noreplace(source: Path, target: Path):
     """rename(2) that fails with FileExistsError when `target` exists, atomically (Linux renameat2); where the kernel
     or filesystem lacks it, a plain rename, which cannot replace a non-empty folder either."""
-    renameat2 = getattr(ctypes.CDLL(None, use_errno=True), "renameat2", None)
-    if renameat2 is not None:
-        if renameat2(_AT_FDCWD, os.fsencode(source), _AT_FDCWD, os.fsencode(target), _RENAME_NOREPLACE) == 0:
-            return
-        err = ctypes.get_errno()
-        if err == errno.EEXIST:
-            raise FileExistsError(err, os.strerror(err), str(target))
-        if err not in (errno.EINVAL, errno.ENOSYS):
-            raise OSError(err, os.strerror(err), str(target))
+    err = _renameat2(source, target, _RENAME_NOREPLACE)
+    if err == 0:
+        return
+    if err == errno.EEXIST:
+        raise FileExistsError(err, os.strerror(err), str(target))
+    if err not in (errno.EINVAL, errno.ENOSYS):
+        raise OSError(err, os.strerror(err), str(target))
     if os.path.lexists(target) and not target.is_dir():
         raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST), str(target))
     try:

@@ -137,3 +137,26 @@ def test_a_signal_during_the_final_rename_waits_for_it(tmp_path, monkeypatch):
     assert said == [f"the output at {tmp_path / 'out'} was already complete and stays"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["new.txt"]
+
+
+def test_a_writer_still_adding_files_cannot_bring_the_work_folder_back(tmp_path, monkeypatch):
+    """On a signal the work folder is removed while Orbax's writer threads may still be adding files under it, making
+    missing parent folders as they go: a write that lands during the removal fails instead of remaking the folder."""
+    work = tmp_path / ".out.tmp-1-abc"
+    (work / "state" / "d").mkdir(parents=True)
+    (work / "state" / "d" / "chunk0").write_bytes(b"0" * 1024)
+    rmtree, writes = shutil.rmtree, []
+
+    def write_then_rmtree(path, *args, **kwargs):
+        try:  # a writer thread's next chunk, as tensorstore writes it: parents made, then the file
+            (work / "state" / "d").mkdir(parents=True, exist_ok=True)
+            (work / "state" / "d" / "chunk1").write_bytes(b"1" * 1024)
+            writes.append("landed")
+        except OSError:
+            writes.append("failed")
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(output.shutil, "rmtree", write_then_rmtree)
+    output._remove(work)
+    assert writes and set(writes) == {"failed"}
+    assert list(tmp_path.iterdir()) == []
