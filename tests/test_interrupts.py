@@ -55,3 +55,40 @@ def test_interrupts_at_moments_spread_over_the_run(wan_small, tmp_path):
             assert manifest(tmp_path / "out")["validation"]["ok"]
             shutil.rmtree(tmp_path / "out")
         only(tmp_path, "source")
+
+
+NOISY_TEARDOWN = """
+import os, signal, sys, threading, time
+from converter import output
+from converter.__main__ import _interrupted
+
+failing = threading.Event()
+
+
+def writer():  # a writer thread whose files vanish under it, as Orbax's do when the handler removes the work folder
+    failing.wait()
+    while True:
+        print("Traceback (most recent call last):", file=sys.stderr, flush=True)
+        time.sleep(0.001)
+
+
+class Folder:
+    def abandon(self):
+        failing.set()
+        time.sleep(0.2)
+        return True
+
+
+output._IN_PROGRESS.add(Folder())
+threading.Thread(target=writer, daemon=True).start()
+signal.signal(signal.SIGTERM, _interrupted)
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(10)
+"""
+
+
+def test_the_error_line_is_all_an_interrupt_prints():
+    """Other threads failing while the handler undoes the run do not bury its error line."""
+    done = subprocess.run([sys.executable, "-c", NOISY_TEARDOWN], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 130, done.stderr[-2000:]
+    assert done.stderr == "error: interrupted; nothing was written\n"
