@@ -315,7 +315,11 @@ TASKS = {"convert": task_convert, "naive": task_naive, "load": task_load, "run":
 # -- orchestration ----------------------------------------------------------------------------------------
 
 
+_SPENT: dict[str, float] = {}  # wall seconds per task name (imports included) for the model being measured
+
+
 def _task(name: str, env: dict | None = None, **kwargs) -> dict:
+    started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "bench.run", "--task", name, json.dumps(kwargs)],
         cwd=REPO,
@@ -325,6 +329,13 @@ def _task(name: str, env: dict | None = None, **kwargs) -> dict:
     )
     if result.returncode != 0:
         raise RuntimeError(f"bench task {name} {kwargs} failed:\n{result.stderr[-3000:]}")
+    spent = time.perf_counter() - started
+    _SPENT[name] = _SPENT.get(name, 0.0) + spent
+    print(
+        f"  {name} {' '.join(str(v) for k, v in kwargs.items() if k in ('impl', 'target', 'how', 'layout'))}: "
+        f"{spent:.1f} s",
+        file=sys.stderr,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -334,6 +345,8 @@ def _vae_convert(*args):
 
 def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str]) -> dict:
     latent, video = shapes
+    _SPENT.clear()
+    _SPENT["checkpoint"] = -time.perf_counter()
     source = work / f"{model}-source"
     _vae_convert("random-checkpoint", model, source, *(["--small"] if smoke else []))
     weights = source / "diffusion_pytorch_model.safetensors"
@@ -341,6 +354,7 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     started = time.perf_counter()
     shutil.copyfile(weights, work / "copy.safetensors")
     copy_s = time.perf_counter() - started
+    _SPENT["checkpoint"] += time.perf_counter()
     result = {"checkpoint_mb": size_mb, "copy_seconds": copy_s, "convert": {}, "run": {}}
     for target in ("flax", "torchax"):
         result["convert"][target] = _task(
@@ -373,6 +387,7 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
         for layout in layouts
         if _fits(LAYOUTS[layout])
     }
+    result["bench_seconds"] = dict(_SPENT)
     if smoke:
         return result
     # the compile cache: one process fills it, the next one measures its first call
@@ -380,6 +395,7 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     result["run"]["flax+cache"] = _task(
         "run", impl="flax", path=str(runs["flax"]), latent=latent, video=video, cache=str(cache)
     )
+    result["bench_seconds"] = dict(_SPENT)
     return result
 
 
@@ -461,7 +477,7 @@ def markdown(results: dict) -> str:
         "flax+cache = first call with the persistent compilation cache already filled by another process; "
         "the last column is diffusers' steady decode time over this one's (above 1 is faster).",
     ]
-    return "\n".join(lines + compile_table(results)) + "\n"
+    return "\n".join(lines + compile_table(results) + time_spent(results)) + "\n"
 
 
 def _size(nbytes: int) -> str:
@@ -503,6 +519,19 @@ def compile_table(results: dict) -> list[str]:
     if splits:
         lines += ["", "Temporaries per device, one device over mesh (1, 8): " + ", ".join(splits) + "."]
     return lines
+
+
+def time_spent(results: dict) -> list[str]:
+    """The benchmark's own wall time, per model and kind of task (each task a fresh process, imports included)."""
+    spent = {model: r["bench_seconds"] for model, r in results["models"].items() if "bench_seconds" in r}
+    if not spent:
+        return []
+    total = sum(sum(s.values()) for s in spent.values())
+    per_model = "; ".join(
+        f"{model} {sum(s.values()) / 60:.1f} min (" + ", ".join(f"{k} {v:.0f} s" for k, v in s.items()) + ")"
+        for model, s in spent.items()
+    )
+    return ["", f"This benchmark ran {total / 60:.1f} min: {per_model}."]
 
 
 def main():
