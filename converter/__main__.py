@@ -8,6 +8,7 @@ handler on, the error line is the only thing written to stderr: other threads st
 files the handler removes, say) fail noisily, and their tracebacks would bury it.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -20,16 +21,31 @@ EXIT_INTERRUPTED = 130
 def _interrupted(signum, frame):
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup below is not to be cut short by a second signal
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sys.stderr.flush()
-    stderr = os.dup(2)
-    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
     try:
-        outcome = abandon_all()
-        line = f"error: interrupted{'; ' + outcome if outcome else ''}"
-    except OSError as e:
-        line = f"error: interrupted; undoing the run's changes failed: {e}"
-    os.write(stderr, f"{line}\n".encode())
-    os._exit(EXIT_INTERRUPTED)
+        stderr = _stderr_for_the_error_line()
+        try:
+            outcome = abandon_all()
+            line = f"error: interrupted{'; ' + outcome if outcome else ''}"
+        except OSError as e:
+            line = f"error: interrupted; undoing the run's changes failed: {e}"
+        with contextlib.suppress(OSError):
+            os.write(stderr, f"{line}\n".encode())
+    finally:
+        os._exit(EXIT_INTERRUPTED)
+
+
+def _stderr_for_the_error_line() -> int:
+    """Points fd 2 at /dev/null for every other thread; returns a copy of it for the handler's own line (-1 when
+    the process has no stderr)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.flush()
+    try:
+        stderr = os.dup(2)
+    except OSError:
+        return -1
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    return stderr
 
 
 def main():
