@@ -74,14 +74,14 @@ def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) 
     return model
 
 
-def converted_by_cli(model: str, config: dict, root: Path) -> tuple:
-    """A diffusers checkpoint of `model`'s family saved under root/vae, converted to every target through the CLI
-    and loaded back: (the diffusers model, {target: loaded model})."""
+def converted_by_cli(model: str, config: dict, root: Path, targets=tuple(TARGETS)) -> tuple:
+    """A diffusers checkpoint of `model`'s family saved under root/vae, converted to each of `targets` through the
+    CLI and loaded back: (the diffusers model, {target: loaded model})."""
     import converter
 
     reference = save_diffusers(family_of(model), root / "vae", config)
     models = {}
-    for target in TARGETS:
+    for target in targets:
         # parity and tiling compare with diffusers themselves: the CLI's own validation (its tests are
         # test_full_size.py, test_source_formats.py and test_sources.py) and its picture (test_preview.py) are skipped
         args = ("--source", root / "vae", "--to", target, "--out", root / target, "--no-validate")
