@@ -7,8 +7,8 @@ still has them). torchax only uses them as dictionary keys for dtype policies an
 
 `compile_model(model)` returns a `TorchaxVAE`: the model's encode/decode on JAX, each chunk step one jitted function.
 The runtime lowers two ops as the Flax models compute them:
-- GroupNorm (`aten.native_group_norm`) as one JAX function: both moments in one pass, taken around each group's
-  first value so that E[d^2] - E[d]^2 does not cancel when the mean is large next to the spread;
+- GroupNorm (`aten.native_group_norm`) as one JAX function, channels-last (models/common/group_norm.py), statistics
+  in float32;
 - 3D convolutions (`aten.convolution` on 5-D inputs) through `time_tap_conv` (models/common/conv.py), channels-last:
   on CPU one 2D convolution per time tap, as XLA:CPU runs those much faster than 3D ones.
 """
@@ -68,27 +68,14 @@ def import_torchax():
 
 
 def _jax_group_norm(x, weight, bias, n, channels, hw, groups, eps):
-    """aten.native_group_norm in JAX, channels-first: (output, mean, rstd), statistics in float32 in one pass."""
-    import jax
+    """aten.native_group_norm in JAX: (output, mean, rstd), computed channels-last as the Flax models do."""
     import jax.numpy as jnp
 
-    grouped = x.reshape(n, groups, -1).astype(jnp.float32)
-    first = grouped[..., :1]
-    shifted = grouped - first
-    shifted_mean = shifted.mean(axis=-1, keepdims=True)
-    var = jnp.maximum((shifted * shifted).mean(axis=-1, keepdims=True) - shifted_mean * shifted_mean, 0.0)
-    rstd = jax.lax.rsqrt(var + eps)
-    out = ((shifted - shifted_mean) * rstd).reshape(x.shape)
-    shape = (1, channels) + (1,) * (x.ndim - 2)
-    if weight is not None:
-        out = out * weight.astype(jnp.float32).reshape(shape)
-    if bias is not None:
-        out = out + bias.astype(jnp.float32).reshape(shape)
-    return (
-        out.astype(x.dtype),
-        (first + shifted_mean).reshape(n, groups).astype(x.dtype),
-        rstd.reshape(n, groups).astype(x.dtype),
-    )
+    from converter.models.common.group_norm import group_norm
+
+    to_last = (0, *range(2, x.ndim), 1)  # (N, C, ...) -> (N, ..., C)
+    out, mean, rstd = group_norm(jnp.transpose(x, to_last), groups, eps, weight, bias)
+    return jnp.transpose(out, tuple(np.argsort(to_last))), mean.astype(x.dtype), rstd.astype(x.dtype)
 
 
 def _native_group_norm(x, weight, bias, n, channels, hw, groups, eps):

@@ -1,4 +1,4 @@
-"""The torchax runtime's GroupNorm lowering (one JAX function, statistics in float32 in one pass), on CogVideoX's
+"""The torchax runtime's GroupNorm lowering (one JAX function, channels-last, statistics in float32), on CogVideoX's
 GroupNorm jitted under torchax. In float32 it matches PyTorch's GroupNorm; with bfloat16 inputs and weights it stays
 within 1e-2 relative of the float32 result."""
 

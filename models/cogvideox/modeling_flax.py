@@ -9,13 +9,13 @@ numerics, not only of memory use.
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 from ..common.cache import run_cached
 from ..common.conv import time_tap_conv
+from ..common.group_norm import group_norm
 from ..common.inputs import expect_video
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
@@ -32,13 +32,7 @@ class GroupNorm(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((num_channels,), param_dtype))
 
     def __call__(self, x):
-        # (B, ..., C) -> (B, ..., G, C/G): the other axes stay apart, so a width split over devices stays split
-        grouped = x.reshape(*x.shape[:-1], self.num_groups, x.shape[-1] // self.num_groups).astype(jnp.float32)
-        axes = (*range(1, x.ndim - 1), x.ndim)
-        mean = grouped.mean(axis=axes, keepdims=True)
-        var = jnp.square(grouped - mean).mean(axis=axes, keepdims=True)
-        normalized = ((grouped - mean) * jax.lax.rsqrt(var + self.eps)).reshape(x.shape)
-        return (normalized * self.scale[...] + self.bias[...]).astype(x.dtype)
+        return group_norm(x, self.num_groups, self.eps, self.scale[...], self.bias[...])[0]
 
 
 class CogVideoXCausalConv3d(nnx.Module):

@@ -4,7 +4,8 @@ Parameter names and shapes are diffusers' own, so `AutoencoderKLCogVideoX.from_p
 saves, and `encode(x).latent_dist` / `decode(z).sample` behave the same. Differences from diffusers:
 - No `CogVideoXSafeConv3d` chunking: it splits convs over time to save GPU memory, which XLA handles itself.
 - GroupNorm statistics are taken in float32 whatever the input dtype.
-- encoder/decoder steps take and return the conv cache explicitly (as diffusers' already do), so torchax can jit them.
+- encoder/decoder steps take and return the conv cache explicitly (as diffusers' already do), so torchax can jit them;
+  the cache holds frames channels-last (B, T, H, W, C).
 """
 
 from __future__ import annotations
@@ -42,9 +43,15 @@ class CogVideoXCausalConv3d(nn.Module):
     def forward(self, x, cache=None):
         if self.time_kernel_size == 1:
             return self.conv(x), None
-        history = cache if cache is not None else x[:, :, :1].repeat(1, 1, self.time_kernel_size - 1, 1, 1)
-        x = torch.cat([history, x], dim=2)
-        return self.conv(x), x[:, :, -self.time_kernel_size + 1 :]
+        # Padded and cached channels-last (B, T, H, W, C), the layout the convolution reads under torchax: its
+        # transposes then cancel against XLA's, and the activations are read once, in order. The first chunk's
+        # padding is one gather (the first frame's index repeated) so the input has a single reader.
+        x = x.permute(0, 2, 3, 4, 1)
+        if cache is None:
+            x = x.index_select(1, torch.arange(1 - self.time_kernel_size, x.shape[1], device=x.device).clamp(min=0))
+        else:
+            x = torch.cat([cache, x], dim=1)
+        return self.conv(x.permute(0, 4, 1, 2, 3)), x[:, -self.time_kernel_size + 1 :]
 
 
 def _nearest_indices(in_size: int, out_size: int) -> torch.Tensor:
