@@ -9,8 +9,9 @@ still has them). torchax only uses them as dictionary keys for dtype policies an
 The runtime lowers two ops as the Flax models compute them:
 - GroupNorm (`aten.native_group_norm`) as one JAX function, channels-last (models/common/group_norm.py), statistics
   in float32;
-- 3D convolutions (`aten.convolution` on 5-D inputs) through `time_tap_conv` (models/common/conv.py), channels-last:
-  on CPU one 2D convolution per time tap, as XLA:CPU runs those much faster than 3D ones.
+- 2D and 3D convolutions (`aten.convolution` on 4-D and 5-D inputs) channels-last, the 3D ones through
+  `time_tap_conv` (models/common/conv.py): on CPU one 2D convolution per time tap, as XLA:CPU runs those much faster
+  than 3D ones. The models pad and cache channels-last around them, so XLA's transposes cancel.
 """
 
 from __future__ import annotations
@@ -84,31 +85,36 @@ def _native_group_norm(x, weight, bias, n, channels, hw, groups, eps):
     return interop.call_jax(_jax_group_norm, x, weight, bias, n, channels, hw, groups, eps)
 
 
-# 3D kernels: PyTorch's (O, C/groups, kT, kH, kW) -> (kT, kH, kW, C/groups, O), the order the lowering reads, and back
-KERNEL_ORDER, PYTORCH_ORDER = (2, 3, 4, 1, 0), (4, 3, 0, 1, 2)
+def kernel_order(ndim: int) -> tuple[int, ...]:
+    """A convolution kernel's axes, PyTorch's (O, C/groups, *window) -> (*window, C/groups, O): the order the
+    lowering reads. `np.argsort` of it turns it back."""
+    return (*range(2, ndim), 1, 0)
 
 
 def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """aten.convolution in JAX: a 3D convolution as the Flax models run it, anything else as torchax lowers it."""
+    """aten.convolution in JAX: a 2D or 3D convolution channels-last, as the Flax models run it (a 3D one through
+    `time_tap_conv`), anything else as torchax lowers it."""
     from jax import lax
     from torchax.ops import jaten
 
     from converter.models.common.conv import time_tap_conv
 
-    if transposed or x.ndim != 5:
+    if transposed or x.ndim not in (4, 5):
         return jaten._aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    to_last = (0, *range(2, x.ndim), 1)  # (N, C, [T,] H, W) -> (N, [T,] H, W, C)
+    layout = "NDHWC" if x.ndim == 5 else "NHWC"
     y = time_tap_conv(
-        x.transpose(0, 2, 3, 4, 1),  # (N, C, T, H, W) -> (N, T, H, W, C)
-        weight.transpose(KERNEL_ORDER),
+        x.transpose(to_last),
+        weight.transpose(kernel_order(weight.ndim)),
         tuple(stride),
         [(p, p) for p in padding],
         rhs_dilation=tuple(dilation),
-        dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+        dimension_numbers=(layout, layout[1:-1] + "IO", layout),
         feature_group_count=groups,
     )
     if bias is not None:
         y = y + bias.astype(y.dtype)
-    return lax.transpose(y, (0, 4, 1, 2, 3))  # (N, T', H', W', O) -> (N, O, T', H', W')
+    return lax.transpose(y, tuple(np.argsort(to_last)))
 
 
 def _convolution(*args):
@@ -144,19 +150,21 @@ class TorchaxVAE:
     constants), with the causal cache flowing through it explicitly.
 
     The model itself is left as it is, where it is: the wrapper holds its own copy of the parameters on JAX, with
-    each 3D convolution's kernel stored (kT, kH, kW, C, O), the order XLA's convolutions and matrix products read.
-    Inside a step the kernel is seen as PyTorch's (O, C, kT, kH, kW) again, and the convolution's lowering turns it
-    back, so XLA sees the stored kernel itself instead of copying a transposed one on every call (the copy cost
-    more than the convolutions on CPU)."""
+    each 2D and 3D convolution's kernel stored ([kT,] kH, kW, C, O), the order XLA's convolutions and matrix
+    products read. Inside a step the kernel is seen as PyTorch's (O, C, [kT,] kH, kW) again, and the convolution's
+    lowering turns it back, so XLA sees the stored kernel itself instead of copying a transposed one on every call
+    (the copy cost more than the convolutions on CPU)."""
 
     def __init__(self, model: nn.Module):
         self.torchax_env = torchax_env()
         self.model, self.config = model, model.config
         self.dtype = next(model.parameters()).dtype
-        self.kernels = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.Conv3d)}
+        self.kernels = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))}
         self.params = {  # copied onto JAX as `model.to("jax")` copies (a permuted kernel is laid out anew first)
             name: self.torchax_env.t2j_copy(
-                tensor.detach().permute(KERNEL_ORDER).contiguous() if name in self.kernels else tensor.detach()
+                tensor.detach().permute(kernel_order(tensor.ndim)).contiguous()
+                if name in self.kernels
+                else tensor.detach()
             )
             for name, tensor in (*model.named_parameters(), *model.named_buffers())
         }
@@ -172,7 +180,9 @@ class TorchaxVAE:
 
             def run(params, x, cache):
                 params = {
-                    f"model.{name}": value.permute(PYTORCH_ORDER) if name in self.kernels else value
+                    f"model.{name}": value.permute(tuple(np.argsort(kernel_order(value.ndim))))
+                    if name in self.kernels
+                    else value
                     for name, value in params.items()
                 }
                 return torch.func.functional_call(module, params, (x, cache))

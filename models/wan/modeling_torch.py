@@ -33,13 +33,16 @@ class WanCausalConv3d(nn.Conv3d):
         self.padding = (0, self.padding[1], self.padding[2])
 
     def forward(self, x, cache=None):
-        # x: (B, C, T, H, W); cache: (B, C, CACHE_T, H, W) of earlier frames, or None for none (zeros).
+        # x: (B, C, T, H, W); cache: (B, CACHE_T, H, W, C) of earlier frames, or None for none (zeros). Padded and
+        # cached channels-last, the layout the convolution reads under torchax: its transposes then cancel against
+        # XLA's, and the activations are read once, in order.
         if self.history == 0:
             return super().forward(x)
+        x = x.permute(0, 2, 3, 4, 1)
         if cache is None:
-            cache = x.new_zeros((x.shape[0], x.shape[1], CACHE_T, *x.shape[3:]))
-        x = torch.cat([cache, x], dim=2)
-        return super().forward(x[:, :, CACHE_T - self.history :]), x[:, :, -CACHE_T:]
+            cache = x.new_zeros((x.shape[0], CACHE_T, *x.shape[2:]))
+        x = torch.cat([cache, x], dim=1)
+        return super().forward(x[:, CACHE_T - self.history :].permute(0, 4, 1, 2, 3)), x[:, -CACHE_T:]
 
 
 class WanRMS_norm(nn.Module):
@@ -51,8 +54,10 @@ class WanRMS_norm(nn.Module):
         self.gamma = nn.Parameter(torch.ones((dim, 1, 1) if images else (dim, 1, 1, 1)))
 
     def forward(self, x):
-        normalized = F.normalize(x.float(), dim=1).to(x.dtype)
-        return normalized * self.scale * self.gamma
+        # taken channels-last, the layout of the convolutions' activations under torchax (see WanCausalConv3d)
+        last = x.movedim(1, -1)
+        normalized = F.normalize(last.float(), dim=-1).to(x.dtype) * self.scale * self.gamma.reshape(-1)
+        return normalized.movedim(-1, 1)
 
 
 class WanUpsample(nn.Module):
@@ -118,7 +123,7 @@ class WanResample(nn.Module):
         new_cache = None
         if self.mode == "upsample3d":
             if cache is None:  # first chunk: no temporal upsampling, and the next chunk starts from zeros
-                new_cache = x.new_zeros((b, c, CACHE_T, h, w))
+                new_cache = x.new_zeros((b, CACHE_T, h, w, c))
             else:
                 x, new_cache = self.time_conv(x, cache)  # (B, 2C, T, H, W): channel halves are frames 2t, 2t+1
                 x = x.reshape(b, 2, c, t, h, w).permute(0, 2, 3, 1, 4, 5).reshape(b, c, 2 * t, h, w)
