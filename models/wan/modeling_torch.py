@@ -6,7 +6,7 @@ reference) and on JAX through torchax. What differs from diffusers, for the sake
 - The causal feature cache is explicit: cached blocks take `cache` (None on the first chunk) and return
   `(x, new_cache)`, so `encoder(x, cache)` and `decoder(z, cache)` are pure steps torchax can compile.
 - Every cache holds exactly CACHE_T frames (missing history is zeros, as diffusers' causal padding is), so cache
-  shapes never change after the first step and each step compiles once.
+  shapes never change after the first step and each step compiles once; a conv's cache is channels-last.
 """
 
 from __future__ import annotations
