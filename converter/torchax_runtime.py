@@ -68,15 +68,21 @@ def import_torchax():
     return torchax
 
 
+def _channels_last(ndim: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The axes (N, C, ...) -> (N, ..., C), and back."""
+    to_last = (0, *range(2, ndim), 1)
+    return to_last, tuple(np.argsort(to_last))
+
+
 def _jax_group_norm(x, weight, bias, n, channels, hw, groups, eps):
     """aten.native_group_norm in JAX: (output, mean, rstd), computed channels-last as the Flax models do."""
     import jax.numpy as jnp
 
     from converter.models.common.group_norm import group_norm
 
-    to_last = (0, *range(2, x.ndim), 1)  # (N, C, ...) -> (N, ..., C)
+    to_last, to_first = _channels_last(x.ndim)
     out, mean, rstd = group_norm(jnp.transpose(x, to_last), groups, eps, weight, bias)
-    return jnp.transpose(out, tuple(np.argsort(to_last))), mean.astype(x.dtype), rstd.astype(x.dtype)
+    return jnp.transpose(out, to_first), mean.astype(x.dtype), rstd.astype(x.dtype)
 
 
 def _native_group_norm(x, weight, bias, n, channels, hw, groups, eps):
@@ -101,7 +107,7 @@ def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, out
 
     if transposed or x.ndim not in (4, 5):
         return jaten._aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
-    to_last = (0, *range(2, x.ndim), 1)  # (N, C, [T,] H, W) -> (N, [T,] H, W, C)
+    to_last, to_first = _channels_last(x.ndim)
     layout = "NDHWC" if x.ndim == 5 else "NHWC"
     y = time_tap_conv(
         x.transpose(to_last),
@@ -114,7 +120,7 @@ def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, out
     )
     if bias is not None:
         y = y + bias.astype(y.dtype)
-    return lax.transpose(y, tuple(np.argsort(to_last)))
+    return lax.transpose(y, to_first)
 
 
 def _convolution(*args):
