@@ -6,12 +6,14 @@ define a placeholder schema for exactly those names that this torch lacks (nothi
 still has them). torchax only uses them as dictionary keys for dtype policies and decompositions.
 
 `compile_model(model)` returns a `TorchaxVAE`: the model's encode/decode on JAX, each chunk step one jitted function.
-The runtime lowers two ops as the Flax models compute them:
+The runtime lowers some ops as the Flax models compute them:
 - GroupNorm (`aten.native_group_norm`) as one JAX function, channels-last (models/common/group_norm.py), statistics
   in float32;
 - 2D and 3D convolutions (`aten.convolution` on 4-D and 5-D inputs) channels-last, the 3D ones through
   `time_tap_conv` (models/common/conv.py): on CPU one 2D convolution per time tap, as XLA:CPU runs those much faster
-  than 3D ones. The models pad and cache channels-last around them, so XLA's transposes cancel.
+  than 3D ones. The models pad and cache channels-last around them, so XLA's transposes cancel;
+- SiLU and sums of activations (`aten.silu`, `aten.add.Tensor` on tensors of one shape) channels-last, so that what
+  XLA materialises between the convolutions is laid out as they read it.
 """
 
 from __future__ import annotations
@@ -91,6 +93,29 @@ def _native_group_norm(x, weight, bias, n, channels, hw, groups, eps):
     return interop.call_jax(_jax_group_norm, x, weight, bias, n, channels, hw, groups, eps)
 
 
+def _channels_last_elementwise(jax_op):
+    """An elementwise op (torchax's own JAX lowering) computed channels-last when its tensors are activations of
+    one shape (N, C, ...): XLA:CPU lays out whatever it materialises in the logical axis order, and a SiLU's sigmoid
+    or a residual sum materialised channels-first is read transposed by the channels-last convolutions around it."""
+
+    def channels_last(*args, **kwargs):
+        import jax.numpy as jnp
+
+        arrays = [a for a in args if isinstance(a, jnp.ndarray)]
+        if not arrays or any(a.ndim < 4 or a.shape != arrays[0].shape for a in arrays):
+            return jax_op(*args, **kwargs)
+        to_last, to_first = _channels_last(arrays[0].ndim)
+        moved = [jnp.transpose(a, to_last) if isinstance(a, jnp.ndarray) else a for a in args]
+        return jnp.transpose(jax_op(*moved, **kwargs), to_first)
+
+    def lowering(*args, **kwargs):
+        from torchax import interop
+
+        return interop.call_jax(channels_last, *args, **kwargs)
+
+    return lowering
+
+
 def kernel_order(ndim: int) -> tuple[int, ...]:
     """A convolution kernel's axes, PyTorch's (O, C/groups, *window) -> (*window, C/groups, O): the order the
     lowering reads. `np.argsort` of it turns it back."""
@@ -135,6 +160,10 @@ def torchax_env():
     env = import_torchax().default_env()
     env.override_op_definition(torch.ops.aten.native_group_norm.default, _native_group_norm)
     env.override_op_definition(torch.ops.aten.convolution.default, _convolution)
+    from torchax.ops import jaten
+
+    for op, jax_op in ((torch.ops.aten.silu.default, jaten._aten_silu), (torch.ops.aten.add.Tensor, jaten._aten_add)):
+        env.override_op_definition(op, _channels_last_elementwise(jax_op))
     return env
 
 

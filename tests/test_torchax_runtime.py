@@ -81,3 +81,52 @@ def test_convolutions_lower_as_the_flax_models_do(conv, shape, lowered):
         "3d": ([5], 0),
         "2d": ([4], 0),
     }[lowered]
+
+
+@pytest.mark.parametrize(
+    "op, shapes, transposed",
+    [
+        (lambda x: torch.nn.functional.silu(x), [(2, 6, 3, 4, 5)], True),
+        (lambda x, y: x + y, [(2, 6, 3, 4, 5), (2, 6, 3, 4, 5)], True),  # a residual sum
+        (lambda x, y: torch.add(x, y, alpha=-0.5), [(1, 6, 4, 5), (1, 6, 4, 5)], True),
+        (lambda x, y: x + y, [(2, 6, 3, 4, 5), (6, 1, 1, 1)], False),  # a broadcast bias stays as it is
+        (lambda x: torch.nn.functional.silu(x), [(2, 6, 5)], False),  # not an image or a video
+    ],
+    ids=["silu", "residual", "alpha", "broadcast", "3-d"],
+)
+def test_activation_elementwise_ops_run_channels_last(op, shapes, transposed):
+    """SiLU and sums of activations of one shape (N, C, ...) equal PyTorch's, computed on channels-last operands;
+    anything else as torchax lowers it."""
+    import jax
+    import jax.numpy as jnp
+
+    from converter.torchax_runtime import torchax_env
+
+    env = torchax_env()
+    from torchax import interop
+
+    torch.manual_seed(0)
+    inputs = [torch.randn(shape) for shape in shapes]
+    expected = op(*inputs).numpy()
+
+    def run(*arrays):
+        with env:
+            return op(*interop.torch_view(arrays)).jax()
+
+    arrays = [jnp.asarray(x.numpy()) for x in inputs]
+    got = np.asarray(run(*arrays))
+    assert got.shape == expected.shape
+    assert np.abs(got - expected).max() <= 1e-6
+    computed = [e for e in _equations(jax.make_jaxpr(run)(*arrays).jaxpr) if e.primitive.name in ("logistic", "add")]
+    n, c, *rest = shapes[0]
+    assert computed and {e.outvars[0].aval.shape for e in computed} == {(n, *rest, c) if transposed else (n, c, *rest)}
+
+
+def _equations(jaxpr):
+    """Every equation of a jaxpr, those of the jitted functions it calls included."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                yield from _equations(inner)
