@@ -158,10 +158,10 @@ def _convolution(*args):
 def torchax_env():
     """torchax's environment, with this runtime's lowerings installed once."""
     env = import_torchax().default_env()
-    env.override_op_definition(torch.ops.aten.native_group_norm.default, _native_group_norm)
-    env.override_op_definition(torch.ops.aten.convolution.default, _convolution)
     from torchax.ops import jaten
 
+    env.override_op_definition(torch.ops.aten.native_group_norm.default, _native_group_norm)
+    env.override_op_definition(torch.ops.aten.convolution.default, _convolution)
     for op, jax_op in ((torch.ops.aten.silu.default, jaten._aten_silu), (torch.ops.aten.add.Tensor, jaten._aten_add)):
         env.override_op_definition(op, _channels_last_elementwise(jax_op))
     return env
