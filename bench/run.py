@@ -217,33 +217,30 @@ class CompileOnlyStep:
     of its output shapes go back into the trace. The cache of each step is laid out as the previous step's
     compiled outputs are, as in a real run."""
 
-    def __init__(self, step, mesh):
+    def __init__(self, step):
+        self.step, self.compiled, self.cache_layout = step, {}, {}
+
+    def __call__(self, graphdef, part, mesh, state, x, cache):
+        import jax
+        import jax.numpy as jnp
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        from converter.models.common.sharding import ACTIVATIONS, auto_axes
-
-        mesh = auto_axes(mesh)  # as the models run on it
-        self.step, self.compiled, self.cache_layout = step, {}, {}
-        self.replicated = NamedSharding(mesh, P()) if mesh else None
-        self.activations = NamedSharding(mesh, ACTIVATIONS) if mesh else None
-
-    def __call__(self, graphdef, part, state, x, cache):
-        import jax
-        import jax.numpy as jnp
+        from converter.models.common.sharding import ACTIVATIONS
 
         def spec(value, sharding=None):
             return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
 
+        replicated, activations = (NamedSharding(mesh, P()), NamedSharding(mesh, ACTIVATIONS)) if mesh else (None, None)
         key = (part, tuple(x.shape), cache is None)
         if key not in self.compiled:
             args = (
-                jax.tree.map(lambda v: spec(v, self.replicated), state),
-                spec(x, self.activations),
+                jax.tree.map(lambda v: spec(v, replicated), state),
+                spec(x, activations),
                 None if cache is None else jax.tree.map(spec, cache, self.cache_layout[part]),
             )
             started = time.perf_counter()
-            compiled = self.step.lower(graphdef, part, *args).compile()
+            compiled = self.step.lower(graphdef, part, mesh, *args).compile()
             self.compiled[key] = (compiled, time.perf_counter() - started)
         compiled, _ = self.compiled[key]
         self.cache_layout[part] = compiled.output_shardings[1]
@@ -294,7 +291,7 @@ def _compile_layout(model: str, layout: str, smoke: bool) -> dict:
     original = steps_flax.step
     try:
         for part in ("encoder", "decoder"):
-            steps_flax.step = recorder = CompileOnlyStep(original, mesh)
+            steps_flax.step = recorder = CompileOnlyStep(original)
             out = jax.eval_shape(functools.partial(run, part), abstract, video)
             memory = [c.memory_analysis() for c, _ in recorder.compiled.values()]
             frames, cache_bytes = _cache_frames(list(recorder.compiled.values())[-1][0].out_info)

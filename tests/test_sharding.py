@@ -1,7 +1,8 @@
 """Decode and encode on a ("dp", "tp") mesh of 8 simulated CPU devices, width sharded over "tp": parameters are
 restored straight onto the mesh, and the results equal the unsharded ones within 1e-5 (relative to the output's
 scale), for meshes (1, 8) and (2, 4), made with Auto axes (`Mesh(devices, names)`) and with Explicit ones (what
-`jax.make_mesh` gives by default). A batch that "dp" does not divide is one clear ValueError."""
+`jax.make_mesh` gives by default). A batch that "dp" does not divide is one clear ValueError. The causal cache a step
+returns is split over the mesh as the activations are."""
 
 import json
 import os
@@ -24,6 +25,7 @@ import jax, numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh
 import converter
+from converter.models.common import sharding, steps_flax
 
 out, channels, meshes = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 rng = np.random.default_rng(0)
@@ -47,6 +49,18 @@ for dp, tp, kind in meshes:
         **{f"{k}_max_abs": float(np.abs(np.asarray(v) - expected[k]).max()) for k, v in got.items()},
         **{f"{k}_devices": len(v.sharding.device_set) for k, v in got.items()},
     }
+# the caches a first chunk leaves on a (1, 8) mesh: each laid out as the activations, none a whole copy per device
+row = Mesh(np.array(jax.devices()).reshape(1, 8), ("dp", "tp"))
+graphdef, state = nnx.split(plain)
+state = sharding.replicate(state, row)
+report["replicated_cache"] = []
+for part, first in (("decoder", z[:, :1]), ("encoder", x[:, :1])):
+    _, cache = steps_flax.step(graphdef, part, row, state, sharding.shard_activations(first, row), None)
+    report["replicated_cache"] += [
+        part + jax.tree_util.keystr(path)
+        for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+        if leaf.sharding.is_fully_replicated
+    ]
 try:  # the last mesh has "dp" of 2
     model.decode(z[:1], mesh=mesh)
 except ValueError as e:
@@ -82,7 +96,8 @@ def test_sharded_matches_unsharded(tmp_path, case):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["devices"] == 8
     assert "a batch of 1 does not split over the mesh's 'dp' axis of 2 devices" in report["batch_of_one"]
-    assert len(report) == 3 + len(meshes)  # devices, scale, batch_of_one, and each mesh
+    assert report["replicated_cache"] == []
+    assert len(report) == 4 + len(meshes)  # devices, scale, replicated_cache, batch_of_one, and each mesh
     for dp, tp, kind in meshes:
         shape = f"{(dp, tp)} {kind}"
         r = report[shape]

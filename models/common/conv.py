@@ -2,7 +2,8 @@
 `conv_general_dilated` for `nnx.Conv`.
 
 XLA:CPU runs 2D convolutions much faster than 3D ones, and a matrix product reads a large kernel better than either
-when there are few output positions (README, Performance, has the measurements). Other backends keep XLA's conv3d,
+when there are few output positions (README, Performance, has the measurements); a kernel larger than its input
+stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's conv3d,
 which is their fast path. Both are the same convolution; only the order of additions differs.
 """
 
@@ -34,16 +35,8 @@ def time_tap_conv(
     **kwargs,
 ):
     """lhs (N, T, H, W, C), rhs (kT, kH, kW, C, O), as nnx.Conv passes them (channels-last); time unpadded."""
-    plain = (
-        lhs.ndim != 5
-        or rhs.shape[0] == 1
-        or jax.default_backend() != "cpu"
-        or tuple(padding[0]) != (0, 0)
-        or window_strides[0] != 1
-        or feature_group_count != 1
-        or any(d != 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
-    )
-    if plain:
+
+    def xla_conv():
         return lax.conv_general_dilated(
             lhs,
             rhs,
@@ -55,17 +48,32 @@ def time_tap_conv(
             feature_group_count=feature_group_count,
             **kwargs,
         )
-    kwargs.pop("out_sharding", None)  # per-frame 2D convs: let jit propagate the activations' sharding
+
+    if (
+        lhs.ndim != 5
+        or rhs.shape[0] == 1
+        or jax.default_backend() != "cpu"
+        or tuple(padding[0]) != (0, 0)
+        or window_strides[0] != 1
+        or feature_group_count != 1
+        or any(d != 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
+    ):
+        return xla_conv()
+    per_frame = {k: v for k, v in kwargs.items() if k != "out_sharding"}  # let jit propagate the sharding
     taps = rhs.shape[0]
     n, t, h, w, c = lhs.shape
     frames = t - taps + 1
     if n * frames * math.prod(_output_size(lhs, rhs, window_strides[1:], padding[1:])) <= rhs.shape[-1]:
-        return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], **kwargs)
+        return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], **per_frame)
+    # Each tap's slice of the kernel is a copy on XLA:CPU, and its scheduler makes them all at the top of a step:
+    # where a kernel outweighs its input, XLA's 3D convolution, which reads the kernel in place, costs less.
+    if rhs.size > lhs.size:
+        return xla_conv()
     out = None
     for tap in range(taps):
         window = lhs[:, tap : tap + frames].reshape(n * frames, h, w, c)  # (N*T', H, W, C)
         y = lax.conv_general_dilated(
-            window, rhs[tap], window_strides[1:], padding[1:], dimension_numbers=("NHWC", "HWIO", "NHWC"), **kwargs
+            window, rhs[tap], window_strides[1:], padding[1:], dimension_numbers=("NHWC", "HWIO", "NHWC"), **per_frame
         )
         out = y if out is None else out + y
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)

@@ -41,5 +41,20 @@ def _divisor(n: int, devices: int) -> int:
     return max(d for d in range(1, devices + 1) if n % d == 0)
 
 
+def constrain_activations(tree, mesh: Mesh | None):
+    """Lays out each (B, T, H, W, C) leaf of tree as the activations are, where its batch and width split over the
+    mesh: a value made of constants inside a step (a first chunk's zero history) would otherwise be replicated, a
+    whole copy on every device."""
+    if mesh is None:
+        return tree
+
+    def constrain(x):
+        if x.ndim == 5 and x.shape[0] % mesh.shape["dp"] == 0 and x.shape[3] % mesh.shape["tp"] == 0:
+            return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, ACTIVATIONS))
+        return x
+
+    return jax.tree.map(constrain, tree)
+
+
 def replicate(tree, mesh: Mesh | None):
     return tree if mesh is None else jax.device_put(tree, NamedSharding(mesh, PARAMETERS))

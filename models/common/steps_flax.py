@@ -10,23 +10,24 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .conv import STEP_COMPILER_OPTIONS
-from .sharding import auto_axes, replicate, shard_activations
+from .sharding import auto_axes, constrain_activations, replicate, shard_activations
 from .tiling import run_tiled
 
 
 # Split once before the loop and merge inside a plain `jax.jit`, as the Flax NNX performance guide recommends
 # (flax docs_nnx/guides/performance.md): `nnx.jit` would re-split the model on every call.
-@functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=STEP_COMPILER_OPTIONS)
-def step(graphdef, part, state, x, cache):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2), compiler_options=STEP_COMPILER_OPTIONS)
+def step(graphdef, part, mesh, state, x, cache):
     """One chunk through the encoder (then quant_conv) or the decoder (after post_quant_conv); compiled once per
-    (chunk shape, first chunk or not). The 1x1x1 quant convs act per pixel, so applying them per chunk is exact."""
+    (chunk shape, first chunk or not). The 1x1x1 quant convs act per pixel, so applying them per chunk is exact.
+    On a mesh (its Auto view), the new cache is laid out as the activations are."""
     model = nnx.merge(graphdef, state)
     if part == "decoder" and model.post_quant_conv is not None:
         x = model.post_quant_conv(x)
     x, cache = getattr(model, part)(x, cache)
     if part == "encoder" and model.quant_conv is not None:
         x = model.quant_conv(x)
-    return x, cache
+    return x, constrain_activations(cache, mesh)
 
 
 def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], mesh=None):
@@ -40,7 +41,7 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], m
     def run(x):
         outs, cache = [], None
         for start, end in bounds:
-            out, cache = step(graphdef, part, state, x[:, start:end], cache)
+            out, cache = step(graphdef, part, mesh, state, x[:, start:end], cache)
             outs.append(out)
         return jnp.concatenate(outs, axis=1)
 

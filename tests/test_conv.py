@@ -1,0 +1,41 @@
+"""The Flax models' 3D convolution on CPU (models/common/conv.py) takes one of three routes by shape: per-tap 2D
+convolutions, one matrix product of the patches, or XLA's conv3d where the kernel outweighs its input. Each route is
+lax's 3D convolution, and the last makes no per-tap copies of its kernel."""
+
+import jax
+import numpy as np
+import pytest
+from jax import lax
+
+from converter.models.common.conv import time_tap_conv
+
+SPATIAL = ((1, 1), (1, 1))  # time unpadded (the models pad it causally), space padded by one
+CASES = {  # lhs (N, T, H, W, C), rhs (kT, kH, kW, C, O)
+    "time taps": ((1, 5, 12, 10, 8), (3, 3, 3, 8, 16)),
+    "patch product": ((1, 4, 3, 2, 16), (3, 3, 3, 16, 32)),
+    "kernel outweighs input": ((1, 3, 10, 12, 64), (3, 3, 3, 64, 64)),
+}
+
+
+def _conv(conv, lhs, rhs):
+    return conv(lhs, rhs, (1, 1, 1), ((0, 0), *SPATIAL), dimension_numbers=("NDHWC", "DHWIO", "NDHWC"))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_time_tap_conv_is_lax_conv3d(case):
+    lhs_shape, rhs_shape = CASES[case]
+    rng = np.random.default_rng(0)
+    lhs = rng.standard_normal(lhs_shape).astype(np.float32)
+    rhs = rng.standard_normal(rhs_shape).astype(np.float32)
+    expected = np.asarray(_conv(lax.conv_general_dilated, lhs, rhs))
+    got = np.asarray(jax.jit(lambda a, b: _conv(time_tap_conv, a, b))(lhs, rhs))
+    assert got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_no_per_tap_kernel_copies_where_the_kernel_outweighs_its_input():
+    lhs_shape, rhs_shape = CASES["kernel outweighs input"]
+    lhs, rhs = jax.ShapeDtypeStruct(lhs_shape, np.float32), jax.ShapeDtypeStruct(rhs_shape, np.float32)
+    compiled = jax.jit(lambda a, b: _conv(time_tap_conv, a, b)).lower(lhs, rhs).compile()
+    one_tap = np.prod(rhs_shape[1:]) * 4
+    assert compiled.memory_analysis().temp_size_in_bytes < one_tap
