@@ -1,6 +1,6 @@
 """The Flax models' 3D convolution on CPU (models/common/conv.py) takes one of three routes by shape: per-tap 2D
-convolutions, one matrix product of the patches, or XLA's conv3d where the kernel outweighs its input. Each route is
-lax's 3D convolution, and the last makes no per-tap copies of its kernel."""
+convolutions, one matrix product of the patches, or, for a wide layer whose kernel outweighs its input, XLA's conv3d,
+which makes no per-tap copies of the kernel. The first two are lax's 3D convolution."""
 
 import jax
 import numpy as np
@@ -13,8 +13,8 @@ SPATIAL = ((1, 1), (1, 1))  # time unpadded (the models pad it causally), space 
 CASES = {  # lhs (N, T, H, W, C), rhs (kT, kH, kW, C, O)
     "time taps": ((1, 5, 12, 10, 8), (3, 3, 3, 8, 16)),
     "patch product": ((1, 4, 3, 2, 16), (3, 3, 3, 16, 32)),
-    "kernel outweighs input": ((1, 3, 10, 12, 64), (3, 3, 3, 64, 64)),
 }
+WIDE = ((1, 3, 40, 40, 1024), (3, 3, 3, 1024, 1024))  # more output positions than channels: not the product
 
 
 def _conv(conv, lhs, rhs):
@@ -34,7 +34,7 @@ def test_time_tap_conv_is_lax_conv3d(case):
 
 
 def test_no_per_tap_kernel_copies_where_the_kernel_outweighs_its_input():
-    lhs_shape, rhs_shape = CASES["kernel outweighs input"]
+    lhs_shape, rhs_shape = WIDE
     lhs, rhs = jax.ShapeDtypeStruct(lhs_shape, np.float32), jax.ShapeDtypeStruct(rhs_shape, np.float32)
     compiled = jax.jit(lambda a, b: _conv(time_tap_conv, a, b)).lower(lhs, rhs).compile()
     one_tap = np.prod(rhs_shape[1:]) * 4

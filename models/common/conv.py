@@ -2,8 +2,8 @@
 `conv_general_dilated` for `nnx.Conv`.
 
 XLA:CPU runs 2D convolutions much faster than 3D ones, and a matrix product reads a large kernel better than either
-when there are few output positions (README, Performance, has the measurements); a kernel larger than its input
-stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's conv3d,
+when there are few output positions (README, Performance, has the measurements); a wide layer's kernel larger than
+its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's conv3d,
 which is their fast path. Both are the same convolution; only the order of additions differs.
 """
 
@@ -20,6 +20,9 @@ from jax import lax
 # them with its Eigen kernels, which are faster for these layers (README, Performance, has the measurements). An
 # xla_cpu_* option is read by the CPU compiler only.
 STEP_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+# Input times output channels from which XLA:CPU's conv3d keeps up with per-tap 2D convolutions (README, Performance).
+WIDE_LAYER = 1024 * 1024
 
 
 def time_tap_conv(
@@ -65,9 +68,10 @@ def time_tap_conv(
     frames = t - taps + 1
     if n * frames * math.prod(_output_size(lhs, rhs, window_strides[1:], padding[1:])) <= rhs.shape[-1]:
         return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], **per_frame)
-    # Each tap's slice of the kernel is a copy on XLA:CPU, and its scheduler makes them all at the top of a step:
-    # where a kernel outweighs its input, XLA's 3D convolution, which reads the kernel in place, costs less.
-    if rhs.size > lhs.size:
+    # Each tap's slice of the kernel is a copy on XLA:CPU, and its scheduler makes them all at the top of a step. XLA's
+    # 3D convolution reads the kernel in place, and for wide layers it is about as fast: there it takes the layers
+    # whose kernel outweighs their input.
+    if rhs.size > lhs.size and c * rhs.shape[-1] >= WIDE_LAYER:
         return xla_conv()
     out = None
     for tap in range(taps):
