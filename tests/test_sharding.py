@@ -25,7 +25,7 @@ import jax, numpy as np
 from flax import nnx
 from jax.sharding import AxisType, Mesh
 import converter
-from converter.models.common import sharding, steps_flax
+from converter.models.common import steps_flax
 
 out, channels, meshes = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
 rng = np.random.default_rng(0)
@@ -34,6 +34,17 @@ x = rng.uniform(-1, 1, (2, 5, 32, 64, 3)).astype(np.float32)          # encodes 
 plain = converter.load(out)
 expected = {"decode": np.asarray(plain.decode(z)), "encode": np.asarray(plain.encode(x)[0])}
 report = {"devices": len(jax.devices()), "scale": {k: float(np.abs(v).max()) for k, v in expected.items()}}
+first_caches, jitted_step = [], steps_flax.step
+
+
+def recording_step(graphdef, part, mesh, state, chunk, cache):
+    out, new_cache = jitted_step(graphdef, part, mesh, state, chunk, cache)
+    if cache is None:
+        first_caches.append((part, mesh, new_cache))
+    return out, new_cache
+
+
+steps_flax.step = recording_step
 for dp, tp, kind in meshes:
     shape = (dp, tp)
     if kind == "auto":
@@ -49,18 +60,13 @@ for dp, tp, kind in meshes:
         **{f"{k}_max_abs": float(np.abs(np.asarray(v) - expected[k]).max()) for k, v in got.items()},
         **{f"{k}_devices": len(v.sharding.device_set) for k, v in got.items()},
     }
-# the caches a first chunk leaves on a (1, 8) mesh: each laid out as the activations, none a whole copy per device
-row = Mesh(np.array(jax.devices()).reshape(1, 8), ("dp", "tp"))
-graphdef, state = nnx.split(plain)
-state = sharding.replicate(state, row)
-report["replicated_cache"] = []
-for part, first in (("decoder", z[:, :1]), ("encoder", x[:, :1])):
-    _, cache = steps_flax.step(graphdef, part, row, state, sharding.shard_activations(first, row), None)
-    report["replicated_cache"] += [
-        part + jax.tree_util.keystr(path)
-        for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
-        if leaf.sharding.is_fully_replicated
-    ]
+report["replicated_cache"] = [  # a first chunk's caches on each mesh, split as the activations where they divide
+    f"{part}{jax.tree_util.keystr(path)} on {dict(mesh.shape)}"
+    for part, mesh, cache in first_caches
+    for path, leaf in jax.tree_util.tree_leaves_with_path(cache)
+    if leaf.shape[0] % mesh.shape["dp"] == 0 and leaf.shape[3] % mesh.shape["tp"] == 0
+    and leaf.sharding.is_fully_replicated
+]
 try:  # the last mesh has "dp" of 2
     model.decode(z[:1], mesh=mesh)
 except ValueError as e:
