@@ -122,7 +122,7 @@ def task_load(path: str, how: str) -> dict:
     import jax
 
     import converter
-    from converter.targets import read_output
+    from converter.targets import collection_paused, read_output
 
     _import_everything()  # the model code too, as diffusers' class is imported before its from_pretrained
 
@@ -144,26 +144,27 @@ def task_load(path: str, how: str) -> dict:
         return {"seconds": time.perf_counter() - started}
     out = read_output(path)
     parts, started = {}, time.perf_counter()
-    empty = out.target.empty_model(out.family, out.config, out.dtype)
-    parts["structure"], started = time.perf_counter() - started, time.perf_counter()
-    weights = jax.block_until_ready(out.target.read_weights(out.path, out.fmt))
-    parts["weights"], started = time.perf_counter() - started, time.perf_counter()
-    ready(out.target.build(empty, weights, out.path))
-    parts["build"] = time.perf_counter() - started
+    with collection_paused():  # as converter.load does
+        empty = out.target.empty_model(out.family, out.config, out.dtype)
+        parts["structure"], started = time.perf_counter() - started, time.perf_counter()
+        weights = jax.block_until_ready(out.target.read_weights(out.path, out.fmt))
+        parts["weights"], started = time.perf_counter() - started, time.perf_counter()
+        ready(out.target.build(empty, weights, out.path))
+        parts["build"] = time.perf_counter() - started
     return parts
 
 
-def _timed(fn, repeats=2) -> dict:
-    """First call (includes compiling) and the best of the following calls."""
+def _timed(fn, repeats: int) -> dict:
+    """First call (includes compiling) and the best of `repeats` following calls (none: the first only)."""
     times = []
     for _ in range(1 + repeats):
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
-    return {"first": times[0], "steady": min(times[1:])}
+    return {"first": times[0], "steady": min(times[1:])} if repeats else {"first": times[0]}
 
 
-def task_run(impl: str, path: str, latent: list, video: list, cache: str | None) -> dict:
+def task_run(impl: str, path: str, latent: list, video: list, cache: str | None, repeats: int = 2) -> dict:
     """Decode and encode with one implementation: flax / torchax (jitted) or torch / diffusers (eager)."""
     import numpy as np
     import torch
@@ -200,7 +201,7 @@ def task_run(impl: str, path: str, latent: list, video: list, cache: str | None)
             with torch.no_grad():
                 model.encode(xt).latent_dist.mean.cpu().numpy()
 
-    return {"decode": _timed(decode), "encode": _timed(encode)}
+    return {"decode": _timed(decode, repeats), "encode": _timed(encode, repeats)}
 
 
 # The compile-only measurements: a real video (720p, 81 frames, channels-first; smoke: the small model and a small
@@ -372,24 +373,19 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     if _has_diffusers():
         result["load"]["diffusers"] = _task("load", path=str(work / f"{model}-torchax"), how="diffusers")
     cache = work / f"{model}-jax-cache"
-    runs = {
-        "flax": work / f"{model}-flax",
-        "torchax": work / f"{model}-torchax",
-        "torch": work / f"{model}-torchax",
-        "diffusers": work / f"{model}-torchax",
-    }
-    if not _has_diffusers():
-        runs.pop("diffusers")
+    # the eager reference: diffusers, or the torchax output's own PyTorch model run eagerly (smoke, no diffusers)
+    eager = "diffusers" if _has_diffusers() and not smoke else "torch"
+    runs = {"flax": work / f"{model}-flax", "torchax": work / f"{model}-torchax", eager: work / f"{model}-torchax"}
     if smoke:
-        runs = {impl: runs[impl] for impl in ("flax", "torch")}
+        runs.pop("torchax")
     for impl, path in runs.items():
         # flax's run fills an empty compilation cache, which the flax+cache run then finds
         result["run"][impl] = _task(
             "run", impl=impl, path=str(path), latent=latent, video=video, cache=str(cache) if impl == "flax" else None
         )
-    if not smoke:
+    if not smoke:  # what the cache saves is the first call's compiling: its steady calls are flax's
         result["run"]["flax+cache"] = _task(
-            "run", impl="flax", path=str(runs["flax"]), latent=latent, video=video, cache=str(cache)
+            "run", impl="flax", path=str(runs["flax"]), latent=latent, video=video, cache=str(cache), repeats=0
         )
     devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={SIMULATED_DEVICES}"}
     fitting = [layout for layout in layouts if _fits(LAYOUTS[layout])]
@@ -465,19 +461,24 @@ def markdown(results: dict) -> str:
     for model, r in results["models"].items():
         reference = r["run"].get("diffusers", r["run"]["torch"])["decode"]["steady"]  # torch if diffusers is absent
         for impl, t in r["run"].items():
+            decode, encode = t["decode"], t["encode"]
+            ratio = f"{reference / decode['steady']:.2f}x" if "steady" in decode else "-"
             lines.append(
-                f"| {model} | {impl} | {t['decode']['first']:.2f} s | {t['decode']['steady']:.2f} s | "
-                f"{t['encode']['first']:.2f} s | {t['encode']['steady']:.2f} s | "
-                f"{reference / t['decode']['steady']:.2f}x |"
+                f"| {model} | {impl} | {decode['first']:.2f} s | {_seconds(decode.get('steady'))} | "
+                f"{encode['first']:.2f} s | {_seconds(encode.get('steady'))} | {ratio} |"
             )
     lines += [
         "",
         "first = first call in a fresh process (compiles for jitted models); steady = best later call; "
         "flax: its first call also writes the steps into an empty persistent compilation cache; "
-        "flax+cache = first call in another process finding them there; "
+        "flax+cache = first call in another process finding them there (its steady calls are flax's); "
         "the last column is diffusers' steady decode time over this one's (above 1 is faster).",
     ]
     return "\n".join(lines + compile_table(results) + time_spent(results)) + "\n"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f} s"
 
 
 def _size(nbytes: int) -> str:

@@ -11,8 +11,10 @@ Everything target-specific is here: no other module asks which target it has.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import gc
 import json
 from pathlib import Path
 
@@ -266,7 +268,25 @@ def read_output(path: str | Path) -> OutputInfo:
 def load_output(path: str | Path, mesh=None):
     """A written output -> a ready model, checked against its manifest. With `mesh`, a Flax model's parameters are
     restored straight onto it, replicated."""
-    out = read_output(path)
+    with collection_paused():
+        return _load_output(read_output(path), mesh)
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Python's garbage collector off: a load makes many short-lived objects (tracing the abstract model, Orbax's
+    trees), and the collections they set off, each walking every object the process holds, cost more than the
+    reading they interrupt. Cyclic garbage made meanwhile is collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load_output(out: OutputInfo, mesh):
     sharding = None
     if mesh is not None:
         from jax.sharding import NamedSharding

@@ -39,6 +39,26 @@ def test_load_takes_a_relative_path_from_any_working_directory(outputs, tmp_path
     assert vae.decode(np.zeros((1, 1, 2, 2, 4), np.float32)).shape == (1, 1, 16, 16, 3)
 
 
+@pytest.mark.parametrize("collecting", [True, False])
+def test_load_leaves_the_garbage_collector_as_it_found_it(outputs, tmp_path, collecting):
+    """A load pauses Python's collector (its own short-lived objects would set off collections), also when it
+    fails, and gives it back as it was."""
+    import gc
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    was = gc.isenabled()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        converter.load(outputs / "flax")
+        assert gc.isenabled() == collecting
+        with pytest.raises(InputError):
+            converter.load(broken)
+        assert gc.isenabled() == collecting
+    finally:
+        (gc.enable if was else gc.disable)()
+
+
 def test_flax_output_without_its_state_is_one_clear_error(outputs, tmp_path):
     import shutil
 
