@@ -459,7 +459,7 @@ def markdown(results: dict) -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for model, r in results["models"].items():
-        reference = r["run"].get("diffusers", r["run"]["torch"])["decode"]["steady"]  # torch if diffusers is absent
+        reference = r["run"]["diffusers" if "diffusers" in r["run"] else "torch"]["decode"]["steady"]
         for impl, t in r["run"].items():
             decode, encode = t["decode"], t["encode"]
             ratio = f"{reference / decode['steady']:.2f}x" if "steady" in decode else "-"
