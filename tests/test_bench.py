@@ -33,3 +33,12 @@ def test_benchmark_smoke_mode(tmp_path):
         assert one[part]["cache_bytes"] == split[part]["cache_bytes"]  # the same cache, split over devices
     table = (tmp_path / "smoke.md").read_text()
     assert "| wan2.1 | flax |" in table and "vae-convert torchax" in table and "| wan2.1 | mesh (1, 8) |" in table
+    # a full run's rows: diffusers is the eager reference (no torch row), flax+cache times first calls only
+    from bench.run import markdown
+
+    runs = wan["run"]
+    runs["diffusers"] = runs.pop("torch")
+    runs["flax+cache"] = {step: {"first": runs["flax"][step]["first"]} for step in ("decode", "encode")}
+    full = markdown(results)
+    assert "| wan2.1 | diffusers |" in full and "| torch |" not in full
+    assert f"| wan2.1 | flax+cache | {runs['flax']['decode']['first']:.2f} s | - |" in full
