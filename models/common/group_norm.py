@@ -29,12 +29,12 @@ def group_norm(x, num_groups: int, eps: float, scale=None, bias=None):
 
 def _group_sums(x, num_groups: int):
     """(B, ..., C) -> (B, G): each channel's sum over the middle axes as a product with ones, then each group's
-    channels added. XLA:CPU runs the product at memory speed, where its reductions that keep the channel axis are
-    several times slower (README, Performance). The middle axes stay apart, so a width split over devices stays
-    split (a product over a split axis is summed across devices)."""
+    channels added. XLA:CPU runs this product (ones on the left, rows of (W*C)) at memory speed, where its
+    reductions that keep the channel axis, and the same product over separate axes, are several times slower
+    (README, Performance). Width stays the major part of its merged axis, so a width split over devices stays split."""
     b, c = x.shape[0], x.shape[-1]
     w = x.shape[-2] if x.ndim > 2 else 1
-    rows = x.reshape(b, -1, w * c)  # (B, T*H, W*C): width stays the major part of its merged axis
+    rows = x.reshape(b, -1, w * c)  # (B, ..., W, C) -> (B, T*H, W*C)
     per_position = jnp.einsum("p,bpk->bk", jnp.ones(rows.shape[1], x.dtype), rows)
     return per_position.reshape(b, w, c).sum(axis=1).reshape(b, num_groups, -1).sum(axis=-1)
 
