@@ -221,7 +221,7 @@ class CompileOnlyStep:
     def __init__(self, step):
         self.step, self.compiled, self.cache_layout = step, {}, {}
 
-    def __call__(self, graphdef, part, mesh, state, x, cache):
+    def __call__(self, part, mesh, model, x, cache):
         import jax
         import jax.numpy as jnp
         from jax.sharding import NamedSharding
@@ -236,12 +236,12 @@ class CompileOnlyStep:
         key = (part, tuple(x.shape), cache is None)
         if key not in self.compiled:
             args = (
-                jax.tree.map(lambda v: spec(v, replicated), state),
+                jax.tree.map(lambda v: spec(v, replicated), model),
                 spec(x, activations),
                 None if cache is None else jax.tree.map(spec, cache, self.cache_layout[part]),
             )
             started = time.perf_counter()
-            compiled = self.step.lower(graphdef, part, mesh, *args).compile()
+            compiled = self.step.lower(part, mesh, *args).compile()
             self.compiled[key] = (compiled, time.perf_counter() - started)
         compiled, _ = self.compiled[key]
         self.cache_layout[part] = compiled.output_shardings[1]
