@@ -185,15 +185,16 @@ def _flax_abstract(family_name: str, config, dtype: np.dtype):
     from flax import nnx
 
     cls = FAMILIES[family_name].flax_model()
+    return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=_NoKeys(), param_dtype=jnp.dtype(dtype))))
 
-    def model():
-        # RNG counters as refs: flax checks the sharding of each plain counter update, which costs a search of
-        # the whole trace so far while tracing, once per parameter
-        with nnx.var_defaults(ref=True):
-            rngs = nnx.Rngs(0)
-        return cls(config, rngs=rngs, param_dtype=jnp.dtype(dtype))
 
-    return nnx.split(nnx.eval_shape(model))
+class _NoKeys:
+    """In place of nnx.Rngs while tracing the abstract model: nnx.Conv and nnx.Linear ask for a key per parameter,
+    which the models' initialisers (zeros, ones) never use, and a real Rngs would trace a counter update per ask.
+    A random initialiser given this fails loudly."""
+
+    def params(self):
+        return None
 
 
 def meta_torch(family: FamilySpec, config):

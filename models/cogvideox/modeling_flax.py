@@ -5,6 +5,8 @@ PyTorch says `weight`). As in diffusers, every encoder/decoder step takes the co
 a step is a pure function `jax.jit` compiles once per frame-batch shape (the first batch may hold the remainder).
 GroupNorm statistics span the frames of one batch, exactly as diffusers computes them, so batching is part of the
 numerics, not only of memory use.
+Kernels start at zero, not random: the model exists to be filled from a checkpoint, and zeros keep tracing its
+abstract state (`nnx.eval_shape`, as `converter.load` does) cheap.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class CogVideoXCausalConv3d(nnx.Module):
             out_channels,
             kernel_size,
             padding=((0, 0), (pad_h, pad_h), (pad_w, pad_w)),
+            kernel_init=nnx.initializers.zeros,
             rngs=rngs,
             param_dtype=param_dtype,
             conv_general_dilated=time_tap_conv,
@@ -112,7 +115,9 @@ class CogVideoXResnetBlock3D(nnx.Module):
         self.conv1 = CogVideoXCausalConv3d(in_channels, out_channels, 3, **kw)
         self.conv2 = CogVideoXCausalConv3d(out_channels, out_channels, 3, **kw)
         self.conv_shortcut = (
-            nnx.Conv(in_channels, out_channels, (1, 1, 1), **kw) if in_channels != out_channels else None
+            nnx.Conv(in_channels, out_channels, (1, 1, 1), kernel_init=nnx.initializers.zeros, **kw)
+            if in_channels != out_channels
+            else None
         )
 
     def __call__(self, x, zq=None, cache=None):
@@ -141,6 +146,7 @@ class CogVideoXDownsample3D(nnx.Module):
             (3, 3),
             strides=(2, 2),
             padding=((0, 1), (0, 1)),
+            kernel_init=nnx.initializers.zeros,
             rngs=rngs,
             param_dtype=param_dtype,
         )
@@ -155,7 +161,13 @@ class CogVideoXDownsample3D(nnx.Module):
 class CogVideoXUpsample3D(nnx.Module):
     def __init__(self, in_channels, out_channels, compress_time, *, rngs, param_dtype):
         self.conv = nnx.Conv(
-            in_channels, out_channels, (3, 3), padding=((1, 1), (1, 1)), rngs=rngs, param_dtype=param_dtype
+            in_channels,
+            out_channels,
+            (3, 3),
+            padding=((1, 1), (1, 1)),
+            kernel_init=nnx.initializers.zeros,
+            rngs=rngs,
+            param_dtype=param_dtype,
         )
         self.compress_time = compress_time
 
@@ -324,10 +336,16 @@ class AutoencoderKLCogVideoX(TilingMixin, nnx.Module):
         self.encoder = CogVideoXEncoder3D(config, **kw)
         self.decoder = CogVideoXDecoder3D(config, **kw)
         # diffusers sizes these from out_channels (not latent_channels); kept so its checkpoints convert as they are.
-        quant = 2 * config.out_channels
-        self.quant_conv = nnx.Conv(quant, quant, (1, 1, 1), **kw) if config.use_quant_conv else None
+        quant, out = 2 * config.out_channels, config.out_channels
+        self.quant_conv = (
+            nnx.Conv(quant, quant, (1, 1, 1), kernel_init=nnx.initializers.zeros, **kw)
+            if config.use_quant_conv
+            else None
+        )
         self.post_quant_conv = (
-            nnx.Conv(config.out_channels, config.out_channels, (1, 1, 1), **kw) if config.use_post_quant_conv else None
+            nnx.Conv(out, out, (1, 1, 1), kernel_init=nnx.initializers.zeros, **kw)
+            if config.use_post_quant_conv
+            else None
         )
 
     def encode(self, x, mesh=None):

@@ -1,10 +1,12 @@
 """Wan 2.1 and 2.2 video VAEs (diffusers' `AutoencoderKLWan`) in Flax NNX, channels-last: videos are (B, T, H, W, C).
 
-Read it beside diffusers' `autoencoder_kl_wan.py`: modules and parameters carry the same names. Two things differ:
+Read it beside diffusers' `autoencoder_kl_wan.py`: modules and parameters carry the same names. Three things differ:
 - The causal feature cache is explicit. Every cached block takes `cache` (None on the first chunk) and returns
   `(x, new_cache)`, so a whole encoder/decoder step is a pure function that `jax.jit` compiles once per chunk shape.
 - diffusers' 1-frame or missing history is the same as a zero history (its causal padding is zeros), so every
   cache holds exactly CACHE_T frames and its shape never changes after the first step.
+- Kernels start at zero, not random: the model exists to be filled from a checkpoint, and zeros keep tracing its
+  abstract state (`nnx.eval_shape`, as `converter.load` does) cheap.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class WanCausalConv3d(nnx.Conv):
             out_channels,
             _triple(kernel_size),
             padding=((0, 0), (ph, ph), (pw, pw)),
+            kernel_init=nnx.initializers.zeros,
             rngs=rngs,
             param_dtype=param_dtype,
             conv_general_dilated=time_tap_conv,
@@ -52,7 +55,15 @@ class WanCausalConv3d(nnx.Conv):
 
 
 def _conv(in_channels, out_channels, kernel_size, *, rngs, param_dtype, **kwargs):
-    return nnx.Conv(in_channels, out_channels, kernel_size, rngs=rngs, param_dtype=param_dtype, **kwargs)
+    return nnx.Conv(
+        in_channels,
+        out_channels,
+        kernel_size,
+        kernel_init=nnx.initializers.zeros,
+        rngs=rngs,
+        param_dtype=param_dtype,
+        **kwargs,
+    )
 
 
 class WanRMS_norm(nnx.Module):
@@ -160,8 +171,9 @@ class WanAttentionBlock(nnx.Module):
 
     def __init__(self, dim, *, rngs, param_dtype):
         self.norm = WanRMS_norm(dim, param_dtype=param_dtype)
-        self.to_qkv = nnx.Linear(dim, dim * 3, rngs=rngs, param_dtype=param_dtype)
-        self.proj = nnx.Linear(dim, dim, rngs=rngs, param_dtype=param_dtype)
+        kw = dict(kernel_init=nnx.initializers.zeros, rngs=rngs, param_dtype=param_dtype)
+        self.to_qkv = nnx.Linear(dim, dim * 3, **kw)
+        self.proj = nnx.Linear(dim, dim, **kw)
 
     def __call__(self, x, cache=None):
         b, t, h, w, c = x.shape
