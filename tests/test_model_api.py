@@ -1,5 +1,6 @@
-"""The Python API: `converter.load` takes relative paths, the models check their inputs with one clear ValueError,
-and the README's torchax snippet works as written for a bfloat16 output."""
+"""The Python API: `converter.load` takes relative paths and fails on a damaged output with one clear error, the
+models check their inputs with one clear ValueError, and the README's torchax snippet works as written for a bfloat16
+output."""
 
 from __future__ import annotations
 
@@ -65,6 +66,24 @@ def test_flax_output_without_its_state_is_one_clear_error(outputs, tmp_path):
     shutil.copytree(outputs / "flax", tmp_path / "broken")
     shutil.rmtree(tmp_path / "broken" / "state")
     with pytest.raises(InputError, match="state is missing"):
+        converter.load(tmp_path / "broken")
+
+
+@pytest.mark.parametrize("damage", ["largest data file truncated", "largest data file removed", "manifest removed"])
+def test_damaged_flax_state_is_one_clear_error(outputs, tmp_path, damage):
+    """A damaged Orbax checkpoint fails the load with one InputError naming it, whichever of its files is hit."""
+    import shutil
+
+    shutil.copytree(outputs / "flax", tmp_path / "broken")
+    item = tmp_path / "broken" / "state" / "state"
+    data = max((p for p in item.rglob("d/*") if p.is_file()), key=lambda p: p.stat().st_size)
+    if damage == "largest data file truncated":
+        data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    elif damage == "largest data file removed":
+        data.unlink()
+    else:
+        (item / "manifest.ocdbt").unlink()
+    with pytest.raises(InputError, match=r"state: not a readable Orbax checkpoint \(.+\)$"):
         converter.load(tmp_path / "broken")
 
 
