@@ -449,8 +449,9 @@ def markdown(results: dict) -> str:
     lines += [
         "",
         "Seconds from an output folder to a ready model, after imports (the model code included). Parts of the "
-        "Flax load: the abstract model (nnx.eval_shape), reading and placing the weights (Orbax), building the "
-        "model. The torchax load and from_pretrained both map the safetensors file: its pages are read on first use.",
+        "Flax load: the abstract model (nnx.eval_shape), reading the Orbax checkpoint's leaves (TensorStore, into "
+        "buffers JAX uses in place on CPU) and placing them, building the model. The torchax load and "
+        "from_pretrained both map the safetensors file: its pages are read on first use.",
         "",
     ]
     lines += [
