@@ -147,7 +147,7 @@ def task_load(path: str, how: str) -> dict:
     with collection_paused():  # as converter.load does
         empty = out.target.empty_model(out.family, out.config, out.dtype)
         parts["structure"], started = time.perf_counter() - started, time.perf_counter()
-        weights = jax.block_until_ready(out.target.read_weights(out.path, out.fmt))
+        weights = out.target.read_weights(out.path, out.fmt)
         parts["weights"], started = time.perf_counter() - started, time.perf_counter()
         ready(out.target.build(empty, weights, out.path))
         parts["build"] = time.perf_counter() - started
@@ -449,8 +449,8 @@ def markdown(results: dict) -> str:
     lines += [
         "",
         "Seconds from an output folder to a ready model, after imports (the model code included). Parts of the "
-        "Flax load: the abstract model (nnx.eval_shape), reading the Orbax checkpoint's leaves (TensorStore, into "
-        "buffers JAX uses in place on CPU) and placing them, building the model. The torchax load and "
+        "Flax load: the abstract model (nnx.eval_shape), reading the weights (the Orbax checkpoint's leaves, "
+        "through TensorStore), placing them (on CPU in place) and building the model. The torchax load and "
         "from_pretrained both map the safetensors file: its pages are read on first use.",
         "",
     ]

@@ -69,8 +69,8 @@ class Target:
         """The model's structure without weights (no storage allocated, nothing initialised)."""
         raise NotImplementedError
 
-    def read_weights(self, out_dir: Path, fmt: str, sharding=None) -> dict:
-        """The weights of a written output as saved, {leaf key: array}."""
+    def read_weights(self, out_dir: Path, fmt: str) -> dict:
+        """The weights of a written output as saved, {leaf key: host array}; `build` places them."""
         raise NotImplementedError
 
     def build(self, empty_model, weights: dict, path: Path, sharding=None):
@@ -100,7 +100,7 @@ class FlaxTarget(Target):
         _, state = self.empty_model(family, config, np.float32)
         return {".".join(map(str, path)): tuple(v.get_value().shape) for path, v in nnx.to_flat_state(state)}
 
-    def read_weights(self, out_dir, fmt, sharding=None):
+    def read_weights(self, out_dir, fmt):
         path = _weights_path(out_dir, self.weight_files[fmt])
         if fmt == "safetensors":
             weights = SafetensorsFile(path)
@@ -122,10 +122,7 @@ class FlaxTarget(Target):
             raise
         except Exception as e:  # Orbax and TensorStore raise their own error types for a damaged or foreign layout
             raise InputError(f"{path}: not a readable Orbax checkpoint ({str(e).splitlines()[0][:160]})") from None
-        # The leaves as saved (the caller checks them against the model, so nothing is cast), by default on the
-        # first device, which on CPU takes the aligned buffers as they are
-        sharding = sharding or jax.sharding.SingleDeviceSharding(jax.devices()[0])
-        return {target_path(name): jax.device_put(array, sharding) for name, array in arrays.items()}
+        return {target_path(name): array for name, array in arrays.items()}
 
     def build(self, empty_model, weights, path, sharding=None):
         import jax
@@ -145,6 +142,7 @@ class FlaxTarget(Target):
                 raise InputError(
                     f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}"
                 )
+        # on CPU, the 64-byte-aligned buffers of the Orbax reader are taken as they are, not copied
         state = nnx.from_flat_state(
             [(p, variable.replace(jax.device_put(weights[p], sharding))) for p, variable in flat]
         )
@@ -171,7 +169,7 @@ class TorchaxTarget(Target):
     def empty_model(self, family, config, dtype):
         return meta_torch(family, config)
 
-    def read_weights(self, out_dir, fmt, sharding=None):
+    def read_weights(self, out_dir, fmt):
         # the model's parameters are the mapped file itself: nothing is read until used, as from_pretrained does
         weights = SafetensorsFile(_weights_path(out_dir, self.weight_files[fmt]), copy_on_write=True)
         return {k: weights[k] for k in weights.keys()}
@@ -336,7 +334,7 @@ def _load_output(out: OutputInfo, mesh):
         from converter.models.common.sharding import PARAMETERS
 
         sharding = NamedSharding(mesh, PARAMETERS)
-    weights = out.target.read_weights(out.path, out.fmt, sharding)
+    weights = out.target.read_weights(out.path, out.fmt)
     for key, array in weights.items():
         if np.dtype(array.dtype) != out.dtype:
             raise InputError(f"{out.path}: {key} is {array.dtype}, the manifest says {out.dtype.name}")
