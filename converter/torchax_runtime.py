@@ -10,7 +10,7 @@ The runtime lowers some ops as the Flax models compute them:
 - GroupNorm (`aten.native_group_norm`) as one JAX function, channels-last (models/common/group_norm.py), statistics
   in float32;
 - 2D and 3D convolutions (`aten.convolution` on 4-D and 5-D inputs) channels-last, the 3D ones through
-  `time_tap_conv` (models/common/conv.py): on CPU one 2D convolution per time tap, as XLA:CPU runs those much faster
+  `cpu_conv` (models/common/conv.py): on CPU one 2D convolution per time tap, as XLA:CPU runs those much faster
   than 3D ones. The models pad and cache channels-last around them, so XLA's transposes cancel;
 - SiLU and sums of activations (`aten.silu`, `aten.add.Tensor` on tensors of one shape) channels-last, so that what
   XLA materialises between the convolutions is laid out as they read it.
@@ -124,17 +124,17 @@ def kernel_order(ndim: int) -> tuple[int, ...]:
 
 def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """aten.convolution in JAX: a 2D or 3D convolution channels-last, as the Flax models run it (a 3D one through
-    `time_tap_conv`), anything else as torchax lowers it."""
+    `cpu_conv`), anything else as torchax lowers it."""
     from jax import lax
     from torchax.ops import jaten
 
-    from converter.models.common.conv import time_tap_conv
+    from converter.models.common.conv import cpu_conv
 
     if transposed or x.ndim not in (4, 5):
         return jaten._aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     to_last, to_first = _channels_last(x.ndim)
     layout = "NDHWC" if x.ndim == 5 else "NHWC"
-    y = time_tap_conv(
+    y = cpu_conv(
         x.transpose(to_last),
         weight.transpose(kernel_order(weight.ndim)),
         tuple(stride),

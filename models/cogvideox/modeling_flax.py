@@ -16,7 +16,7 @@ import numpy as np
 from flax import nnx
 
 from ..common.cache import run_cached
-from ..common.conv import time_tap_conv
+from ..common.conv import cpu_conv
 from ..common.group_norm import group_norm
 from ..common.inputs import expect_video
 from ..common.steps_flax import run_chunks
@@ -53,7 +53,7 @@ class CogVideoXCausalConv3d(nnx.Module):
             kernel_init=nnx.initializers.zeros,
             rngs=rngs,
             param_dtype=param_dtype,
-            conv_general_dilated=time_tap_conv,
+            conv_general_dilated=cpu_conv,
         )
 
     def __call__(self, x, cache=None):
@@ -168,6 +168,7 @@ class CogVideoXUpsample3D(nnx.Module):
             kernel_init=nnx.initializers.zeros,
             rngs=rngs,
             param_dtype=param_dtype,
+            conv_general_dilated=cpu_conv,
         )
         self.compress_time = compress_time
 

@@ -1,16 +1,19 @@
-"""3D convolutions on CPU as one 2D convolution per time tap, or as one matrix product of their patches: a drop-in
-`conv_general_dilated` for `nnx.Conv`.
+"""Convolutions on CPU by the fastest route for their shape: a drop-in `conv_general_dilated` for `nnx.Conv`.
 
-XLA:CPU runs 2D convolutions much faster than 3D ones, and a matrix product reads a large kernel better than either
+3x3 float32 layers with many output positions go through Winograd's F(2x2, 3x3), 16 products per channel pair for
+each 2x2 block of outputs instead of 36; other 3D ones become one 2D convolution per time tap, which XLA:CPU runs
+much faster than its 3D ones, or one matrix product of their patches, which reads a large kernel better than either
 when there are few output positions (README, Performance, has the measurements); a wide layer's kernel larger than
-its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's conv3d,
-which is their fast path. Both are the same convolution; only the order of additions differs.
+its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's convolutions,
+which are their fast path. All compute the same convolution; only the order of additions differs.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -23,9 +26,12 @@ STEP_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 # Input times output channels from which XLA:CPU's conv3d keeps up with per-tap 2D convolutions (README, Performance).
 WIDE_LAYER = 1024 * 1024
+# Output positions per channel from which Winograd's transforms, the kernel's above all, cost less than the products
+# they save (README, Performance).
+WINOGRAD_POSITIONS_PER_CHANNEL = 2
 
 
-def time_tap_conv(
+def cpu_conv(
     lhs,
     rhs,
     window_strides,
@@ -37,7 +43,8 @@ def time_tap_conv(
     feature_group_count=1,
     **kwargs,
 ):
-    """lhs (N, T, H, W, C), rhs (kT, kH, kW, C, O), as nnx.Conv passes them (channels-last); time unpadded."""
+    """lhs (N, T, H, W, C) with rhs (kT, kH, kW, C, O), time unpadded, or lhs (N, H, W, C) with rhs (kH, kW, C, O),
+    as nnx.Conv passes them (channels-last)."""
 
     def xla_conv():
         return lax.conv_general_dilated(
@@ -52,22 +59,28 @@ def time_tap_conv(
             **kwargs,
         )
 
+    if jax.default_backend() != "cpu" or feature_group_count != 1 or lhs.ndim not in (4, 5):
+        return xla_conv()
+    plain = {k: v for k, v in kwargs.items() if k != "out_sharding"}  # let jit propagate the sharding
+    if lhs.ndim == 4:  # a 2D convolution: one frame of one time tap
+        video, kernel = lhs[:, None], rhs[None]
+        if not _winograd_fits(video, kernel, window_strides, padding, lhs_dilation, rhs_dilation):
+            return xla_conv()
+        return winograd_conv(video, kernel, **plain)[:, 0]
     if (
-        lhs.ndim != 5
-        or rhs.shape[0] == 1
-        or jax.default_backend() != "cpu"
+        rhs.shape[0] == 1
         or tuple(padding[0]) != (0, 0)
         or window_strides[0] != 1
-        or feature_group_count != 1
         or any(d != 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
     ):
         return xla_conv()
-    per_frame = {k: v for k, v in kwargs.items() if k != "out_sharding"}  # let jit propagate the sharding
+    if _winograd_fits(lhs, rhs, window_strides[1:], padding[1:], None, None):
+        return winograd_conv(lhs, rhs, **plain)
     taps = rhs.shape[0]
     n, t, h, w, c = lhs.shape
     frames = t - taps + 1
     if n * frames * math.prod(_output_size(lhs, rhs, window_strides[1:], padding[1:])) <= rhs.shape[-1]:
-        return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], **per_frame)
+        return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], **plain)
     # Each tap's slice of the kernel is a copy on XLA:CPU, and its scheduler makes them all at the top of a step. XLA's
     # 3D convolution reads the kernel in place, and for wide layers it is about as fast: there it takes the layers
     # whose kernel outweighs their input.
@@ -77,7 +90,7 @@ def time_tap_conv(
     for tap in range(taps):
         window = lhs[:, tap : tap + frames].reshape(n * frames, h, w, c)  # (N*T', H, W, C)
         y = lax.conv_general_dilated(
-            window, rhs[tap], window_strides[1:], padding[1:], dimension_numbers=("NHWC", "HWIO", "NHWC"), **per_frame
+            window, rhs[tap], window_strides[1:], padding[1:], dimension_numbers=("NHWC", "HWIO", "NHWC"), **plain
         )
         out = y if out is None else out + y
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)
@@ -116,3 +129,84 @@ def patch_matmul(lhs, rhs, strides, padding, precision=None, preferred_element_t
     return jnp.einsum(
         "nthwk,ko->nthwo", patches, kernel, precision=precision, preferred_element_type=preferred_element_type
     )
+
+
+# Winograd's F(4, 3) (Lavin and Gray, 2015), along the height: B^T takes 6 rows of input to the transformed
+# domain, G the kernel's 3 rows, A^T the 6 products back to 4 rows of output. Each product is one 2D convolution
+# over (time, width), so a layer is 6 of them at a quarter of the height each: 1.5 output-heights of convolution
+# instead of 3 (one per row tap, in effect), with no copies of frames per time tap.
+_BT = (
+    (4, 0, -5, 0, 1, 0),
+    (0, -4, -4, 1, 1, 0),
+    (0, 4, -4, -1, 1, 0),
+    (0, -2, -1, 2, 1, 0),
+    (0, 2, -1, -2, 1, 0),
+    (0, 4, 0, -5, 0, 1),
+)
+_G = (
+    (1 / 4, 0, 0),
+    (-1 / 6, -1 / 6, -1 / 6),
+    (-1 / 6, 1 / 6, -1 / 6),
+    (1 / 24, 1 / 12, 1 / 6),
+    (1 / 24, -1 / 12, 1 / 6),
+    (0, 0, 1),
+)
+_AT = ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))
+_TILE = len(_AT)  # output rows per tile
+
+
+def _winograd_fits(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation) -> bool:
+    """Whether the convolution of lhs (N, T, H, W, C) by rhs (kT, kH, kW, C, O), with the spatial strides, padding
+    and dilations given, goes through `winograd_conv`: a 3x3 window at stride 1 padded by one, float32 (its
+    transforms round more than a direct sum, in float32 far below the parity tolerance), and enough output positions
+    for the transforms, the kernel's above all, to cost less than the products they save."""
+    n, t, h, w, c = lhs.shape
+    kt, kh, kw, _, o = rhs.shape
+    positions = n * (t - kt + 1) * h * w
+    return (
+        (kh, kw) == (3, 3)
+        and tuple(strides) == (1, 1)
+        and [tuple(p) for p in padding] == [(1, 1), (1, 1)]
+        and all(d == 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
+        and lhs.dtype == rhs.dtype == jnp.float32
+        and positions >= WINOGRAD_POSITIONS_PER_CHANNEL * max(c, o)
+    )
+
+
+def _combine(coefficients, term):
+    """The sum of coefficients[i] * term(i) over the nonzero coefficients."""
+    return functools.reduce(operator.add, [a * term(i) for i, a in enumerate(coefficients) if a])
+
+
+def winograd_conv(lhs, rhs, precision=None, preferred_element_type=None):
+    """The convolution of lhs (N, T, H, W, C), time unpadded, by rhs (kT, 3, 3, C, O), at stride 1 with one pixel of
+    zero padding in space, through Winograd's F(4, 3) along the height. Tile rows go to the batch, so each of the 6
+    products is a 2D convolution over (time, width) by a (kT, 3) window of the transformed kernel: the time taps are
+    its rows, and a mesh splits its width as it splits the activations'."""
+    kt, _, _, c, o = rhs.shape
+    n, t, h, w, _ = lhs.shape
+    frames, tiles = t - kt + 1, -(-h // _TILE)
+    rows = len(_BT)
+    x = jnp.pad(lhs, ((0, 0), (0, 0), (1, tiles * _TILE - h + 1), (0, 0), (0, 0)))  # (N, T, tiles*4 + 2, W, C)
+
+    def tile_row(r):  # (N, tiles, T, W, C): row r of every tile, tiles four rows apart
+        return lax.slice_in_dim(x, r, r + (tiles - 1) * _TILE + 1, _TILE, axis=2).transpose(0, 2, 1, 3, 4)
+
+    def product(p):  # (N, tiles, T', W, O)
+        v = _combine(_BT[p], tile_row).reshape(n * tiles, t, w, c)
+        u = _combine(_G[p], lambda i: rhs[:, i])  # (kT, 3, C, O): a (time, width) window
+        m = lax.conv_general_dilated(
+            v,
+            u,
+            (1, 1),
+            ((0, 0), (1, 1)),
+            dimension_numbers=("NHWC", "HWIO", "NHWC"),
+            precision=precision,
+            preferred_element_type=preferred_element_type,
+        )
+        return m.reshape(n, tiles, frames, w, o)
+
+    products = [product(p) for p in range(rows)]
+    out = jnp.stack([_combine(_AT[e], lambda p: products[p]) for e in range(_TILE)], axis=2)  # (N, tiles, 4, T', W, O)
+    out = out.transpose(0, 3, 1, 2, 4, 5).reshape(n, frames, tiles * _TILE, w, o)
+    return out[:, :, :h]

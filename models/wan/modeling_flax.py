@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..common.cache import run_cached
-from ..common.conv import time_tap_conv
+from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
@@ -42,7 +42,7 @@ class WanCausalConv3d(nnx.Conv):
             kernel_init=nnx.initializers.zeros,
             rngs=rngs,
             param_dtype=param_dtype,
-            conv_general_dilated=time_tap_conv,
+            conv_general_dilated=cpu_conv,
         )
         self.history = 2 * pt
 
@@ -62,6 +62,7 @@ def _conv(in_channels, out_channels, kernel_size, *, rngs, param_dtype, **kwargs
         kernel_init=nnx.initializers.zeros,
         rngs=rngs,
         param_dtype=param_dtype,
+        conv_general_dilated=cpu_conv,
         **kwargs,
     )
 
