@@ -16,6 +16,7 @@ CASES = {  # lhs (N, T, H, W, C) or (N, H, W, C), rhs (kT, kH, kW, C, O) or (kH,
     "winograd": ((2, 5, 12, 9, 8), (3, 3, 3, 8, 16), "winograd_conv"),
     "winograd, height not a multiple of its tile": ((1, 5, 10, 8, 8), (3, 3, 3, 8, 16), "winograd_conv"),
     "winograd 2D": ((3, 12, 10, 8), (3, 3, 8, 16), "winograd_conv"),
+    "winograd, rows of a tile past the height": ((1, 5, 2, 9, 2), (3, 3, 3, 2, 4), "winograd_conv"),
     "time taps": ((1, 5, 4, 4, 8), (3, 3, 3, 8, 32), None),
     "patch product": ((1, 4, 3, 2, 16), (3, 3, 3, 16, 32), "patch_matmul"),
 }

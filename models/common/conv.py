@@ -1,7 +1,7 @@
 """Convolutions on CPU by the fastest route for their shape: a drop-in `conv_general_dilated` for `nnx.Conv`.
 
-3x3 float32 layers with many output positions go through Winograd's F(2x2, 3x3), 16 products per channel pair for
-each 2x2 block of outputs instead of 36; other 3D ones become one 2D convolution per time tap, which XLA:CPU runs
+3x3 float32 layers with many output positions go through Winograd's F(2, 3) along the height, 4 products for each
+2 rows of output instead of 6; other 3D ones become one 2D convolution per time tap, which XLA:CPU runs
 much faster than its 3D ones, or one matrix product of their patches, which reads a large kernel better than either
 when there are few output positions (README, Performance, has the measurements); a wide layer's kernel larger than
 its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's convolutions,
@@ -131,27 +131,14 @@ def patch_matmul(lhs, rhs, strides, padding, precision=None, preferred_element_t
     )
 
 
-# Winograd's F(4, 3) (Lavin and Gray, 2015), along the height: B^T takes 6 rows of input to the transformed
-# domain, G the kernel's 3 rows, A^T the 6 products back to 4 rows of output. Each product is one 2D convolution
-# over (time, width), so a layer is 6 of them at a quarter of the height each: 1.5 output-heights of convolution
-# instead of 3 (one per row tap, in effect), with no copies of frames per time tap.
-_BT = (
-    (4, 0, -5, 0, 1, 0),
-    (0, -4, -4, 1, 1, 0),
-    (0, 4, -4, -1, 1, 0),
-    (0, -2, -1, 2, 1, 0),
-    (0, 2, -1, -2, 1, 0),
-    (0, 4, 0, -5, 0, 1),
-)
-_G = (
-    (1 / 4, 0, 0),
-    (-1 / 6, -1 / 6, -1 / 6),
-    (-1 / 6, 1 / 6, -1 / 6),
-    (1 / 24, 1 / 12, 1 / 6),
-    (1 / 24, -1 / 12, 1 / 6),
-    (0, 0, 1),
-)
-_AT = ((1, 1, 1, 1, 1, 0), (0, 1, -1, 2, -2, 0), (0, 1, 1, 4, 4, 0), (0, 1, -1, 8, -8, 1))
+# Winograd's F(2, 3) (Lavin and Gray, 2015), along the height: B^T takes a tile's 4 rows of input to the transformed
+# domain, G the kernel's 3 rows, A^T the 4 products back to the tile's 2 rows of output. Each product is one 2D
+# convolution over (time, width), so a layer is 4 of them at half the height each: 2 output-heights of convolution
+# instead of 3, with no copies of frames per time tap. F(4, 3) saves more products but has XLA compile half as much
+# again per step (README, Performance).
+_BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
+_G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
+_AT = ((1, 1, 1, 0), (0, 1, -1, -1))
 _TILE = len(_AT)  # output rows per tile
 
 
@@ -180,33 +167,41 @@ def _combine(coefficients, term):
 
 def winograd_conv(lhs, rhs, precision=None, preferred_element_type=None):
     """The convolution of lhs (N, T, H, W, C), time unpadded, by rhs (kT, 3, 3, C, O), at stride 1 with one pixel of
-    zero padding in space, through Winograd's F(4, 3) along the height. Tile rows go to the batch, so each of the 6
+    zero padding in space, through Winograd's F(2, 3) along the height. Tile rows go to the batch, so each of the 4
     products is a 2D convolution over (time, width) by a (kT, 3) window of the transformed kernel: the time taps are
     its rows, and a mesh splits its width as it splits the activations'."""
     kt, _, _, c, o = rhs.shape
     n, t, h, w, _ = lhs.shape
     frames, tiles = t - kt + 1, -(-h // _TILE)
-    rows = len(_BT)
-    x = jnp.pad(lhs, ((0, 0), (0, 0), (1, tiles * _TILE - h + 1), (0, 0), (0, 0)))  # (N, T, tiles*4 + 2, W, C)
 
-    def tile_row(r):  # (N, tiles, T, W, C): row r of every tile, tiles four rows apart
-        return lax.slice_in_dim(x, r, r + (tiles - 1) * _TILE + 1, _TILE, axis=2).transpose(0, 2, 1, 3, 4)
+    def tile_row(r):  # (N, tiles, T, W, C): row r of every tile, input row 2i + r - 1, zero outside [0, H)
+        first = 1 if r == 0 else 0  # the top padding row is tile 0's row 0
+        count = min(tiles, (h - r) // _TILE + 1) - first
+        if count <= 0:
+            return jnp.zeros((n, tiles, t, w, c), lhs.dtype)
+        rows = lax.slice_in_dim(lhs, _TILE * first + r - 1, _TILE * (first + count - 1) + r, _TILE, axis=2)
+        rows = jnp.pad(rows, ((0, 0), (0, 0), (first, tiles - first - count), (0, 0), (0, 0)))  # fused with its reader
+        return rows.transpose(0, 2, 1, 3, 4)
+
+    points = len(_BT)
+    # The transformed inputs stacked along time, (N*tiles, points*T, W, C): one buffer, which each product's
+    # convolution crops to its own T frames with negative padding, reading them in place.
+    v = jnp.concatenate([_combine(_BT[p], tile_row).reshape(n * tiles, t, w, c) for p in range(points)], axis=1)
 
     def product(p):  # (N, tiles, T', W, O)
-        v = _combine(_BT[p], tile_row).reshape(n * tiles, t, w, c)
         u = _combine(_G[p], lambda i: rhs[:, i])  # (kT, 3, C, O): a (time, width) window
         m = lax.conv_general_dilated(
             v,
             u,
             (1, 1),
-            ((0, 0), (1, 1)),
+            ((-p * t, -(points - 1 - p) * t), (1, 1)),
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
             precision=precision,
             preferred_element_type=preferred_element_type,
         )
         return m.reshape(n, tiles, frames, w, o)
 
-    products = [product(p) for p in range(rows)]
-    out = jnp.stack([_combine(_AT[e], lambda p: products[p]) for e in range(_TILE)], axis=2)  # (N, tiles, 4, T', W, O)
+    products = [product(p) for p in range(points)]
+    out = jnp.stack([_combine(_AT[e], lambda p: products[p]) for e in range(_TILE)], axis=2)  # (N, tiles, 2, T', W, O)
     out = out.transpose(0, 3, 1, 2, 4, 5).reshape(n, frames, tiles * _TILE, w, o)
     return out[:, :, :h]
