@@ -183,25 +183,21 @@ def winograd_conv(lhs, rhs, precision=None, preferred_element_type=None):
         rows = jnp.pad(rows, ((0, 0), (0, 0), (first, tiles - first - count), (0, 0), (0, 0)))  # fused with its reader
         return rows.transpose(0, 2, 1, 3, 4)
 
-    points = len(_BT)
-    # The transformed inputs stacked along time, (N*tiles, points*T, W, C): one buffer, which each product's
-    # convolution crops to its own T frames with negative padding, reading them in place.
-    v = jnp.concatenate([_combine(_BT[p], tile_row).reshape(n * tiles, t, w, c) for p in range(points)], axis=1)
-
     def product(p):  # (N, tiles, T', W, O)
+        v = _combine(_BT[p], tile_row).reshape(n * tiles, t, w, c)
         u = _combine(_G[p], lambda i: rhs[:, i])  # (kT, 3, C, O): a (time, width) window
         m = lax.conv_general_dilated(
             v,
             u,
             (1, 1),
-            ((-p * t, -(points - 1 - p) * t), (1, 1)),
+            ((0, 0), (1, 1)),
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
             precision=precision,
             preferred_element_type=preferred_element_type,
         )
         return m.reshape(n, tiles, frames, w, o)
 
-    products = [product(p) for p in range(points)]
+    products = [product(p) for p in range(len(_BT))]
     out = jnp.stack([_combine(_AT[e], lambda p: products[p]) for e in range(_TILE)], axis=2)  # (N, tiles, 2, T', W, O)
     out = out.transpose(0, 3, 1, 2, 4, 5).reshape(n, frames, tiles * _TILE, w, o)
     return out[:, :, :h]
