@@ -9,9 +9,10 @@ still has them). torchax only uses them as dictionary keys for dtype policies an
 The runtime lowers some ops as the Flax models compute them:
 - GroupNorm (`aten.native_group_norm`) as one JAX function, channels-last (models/common/group_norm.py), statistics
   in float32;
-- 2D and 3D convolutions (`aten.convolution` on 4-D and 5-D inputs) channels-last, the 3D ones through
-  `cpu_conv` (models/common/conv.py): on CPU one 2D convolution per time tap, as XLA:CPU runs those much faster
-  than 3D ones. The models pad and cache channels-last around them, so XLA's transposes cancel;
+- 2D and 3D convolutions (`aten.convolution` on 4-D and 5-D inputs) channels-last through `cpu_conv`
+  (models/common/conv.py): on CPU the route the Flax models take for the layer's shape (Winograd's F(2, 3), one 2D
+  convolution per time tap, or one product of the patches). The models pad and cache channels-last around them, so
+  XLA's transposes cancel;
 - SiLU and sums of activations (`aten.silu`, `aten.add.Tensor` on tensors of one shape) channels-last, so that what
   XLA materialises between the convolutions is laid out as they read it.
 """
@@ -123,8 +124,8 @@ def kernel_order(ndim: int) -> tuple[int, ...]:
 
 
 def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """aten.convolution in JAX: a 2D or 3D convolution channels-last, as the Flax models run it (a 3D one through
-    `cpu_conv`), anything else as torchax lowers it."""
+    """aten.convolution in JAX: a 2D or 3D convolution channels-last through `cpu_conv`, as the Flax models run it,
+    anything else as torchax lowers it."""
     from jax import lax
     from torchax.ops import jaten
 

@@ -36,20 +36,23 @@ def test_torchax_imports_with_placeholders_for_exactly_the_missing_overloads():
 @pytest.mark.parametrize(
     "conv, shape, lowered",
     [
-        (lambda: torch.nn.Conv3d(8, 6, 3, padding=(0, 1, 1)), (2, 8, 5, 7, 9), "2d per tap"),  # time unpadded
+        (lambda: torch.nn.Conv3d(8, 6, 3, padding=(0, 1, 1)), (2, 8, 5, 7, 9), "winograd"),  # time unpadded
+        (lambda: torch.nn.Conv3d(8, 32, 3, padding=(0, 1, 1)), (1, 8, 5, 4, 4), "2d per tap"),  # 48 positions
         (lambda: torch.nn.Conv3d(8, 64, 3, padding=(0, 1, 1)), (1, 8, 4, 3, 3), "matmul"),  # 18 positions, 64 out
         (lambda: torch.nn.Conv3d(8, 64, 3, padding=(0, 1, 1), stride=(1, 2, 2)), (1, 8, 3, 5, 4), "matmul"),
         (lambda: torch.nn.Conv3d(8, 6, (3, 1, 1), stride=(2, 1, 1)), (1, 8, 5, 4, 4), "3d"),  # Wan's time downsampling
         (lambda: torch.nn.Conv3d(8, 6, 1), (1, 8, 3, 4, 4), "3d"),
         (lambda: torch.nn.Conv3d(8, 6, 3, padding=1, groups=2), (1, 8, 4, 5, 5), "3d"),
         (lambda: torch.nn.Conv2d(8, 6, 3, stride=2), (2, 8, 9, 9), "2d"),
+        (lambda: torch.nn.Conv2d(8, 6, 3, padding=1), (2, 8, 9, 9), "winograd"),
     ],
-    ids=["taps", "matmul", "matmul-strided", "time-stride", "pointwise", "groups", "2d"],
+    ids=["winograd", "taps", "matmul", "matmul-strided", "time-stride", "pointwise", "groups", "2d", "2d-winograd"],
 )
 def test_convolutions_lower_as_the_flax_models_do(conv, shape, lowered):
-    """aten.convolution under the runtime equals PyTorch's. A 3D conv with a time kernel and no time padding or
-    stride is, on CPU (as in models/common/conv.py), one 2D conv per tap, or one matrix product of its patches when
-    it has fewer output positions than output channels; the others stay as torchax lowers them."""
+    """aten.convolution under the runtime equals PyTorch's. On CPU (as in models/common/conv.py) a float32 3x3 conv
+    at stride 1 padded by one, with enough output positions, is Winograd's F(2, 3) along the height (4 2D convs); a
+    3D conv with a time kernel and no time padding or stride is otherwise one 2D conv per tap, or one matrix product
+    of its patches when it has fewer output positions than output channels; the others stay as torchax lowers them."""
     import jax
     import jax.numpy as jnp
 
@@ -76,6 +79,7 @@ def test_convolutions_lower_as_the_flax_models_do(conv, shape, lowered):
     products = [e for e in eqns if e.primitive.name == "dot_general"]
     taps = module.kernel_size[0]
     assert (ranks, len(products)) == {
+        "winograd": ([4] * 4, 0),
         "2d per tap": ([4] * taps, 0),
         "matmul": ([], 1),
         "3d": ([5], 0),
