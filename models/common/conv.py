@@ -74,18 +74,18 @@ def cpu_conv(
         or any(d != 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
     ):
         return xla_conv()
-    if _winograd_fits(lhs, rhs, window_strides[1:], padding[1:], None, None):
-        return winograd_conv(lhs, rhs, **plain)
     taps = rhs.shape[0]
     n, t, h, w, c = lhs.shape
     frames = t - taps + 1
     if n * frames * math.prod(_output_size(lhs, rhs, window_strides[1:], padding[1:])) <= rhs.shape[-1]:
         return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], **plain)
-    # Each tap's slice of the kernel is a copy on XLA:CPU, and its scheduler makes them all at the top of a step. XLA's
-    # 3D convolution reads the kernel in place, and for wide layers it is about as fast: there it takes the layers
-    # whose kernel outweighs their input.
+    # Each tap's slice of the kernel, and each transformed kernel, is a copy on XLA:CPU, and its scheduler makes them
+    # all at the top of a step. XLA's 3D convolution reads the kernel in place, and for wide layers it is about as
+    # fast: there it takes the layers whose kernel outweighs their input.
     if rhs.size > lhs.size and c * rhs.shape[-1] >= WIDE_LAYER:
         return xla_conv()
+    if _winograd_fits(lhs, rhs, window_strides[1:], padding[1:], None, None):
+        return winograd_conv(lhs, rhs, **plain)
     out = None
     for tap in range(taps):
         window = lhs[:, tap : tap + frames].reshape(n * frames, h, w, c)  # (N*T', H, W, C)
