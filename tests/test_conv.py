@@ -1,7 +1,7 @@
-"""The models' convolution on CPU (models/common/conv.py) takes one of four routes by shape: Winograd's F(2x2, 3x3),
-per-tap 2D convolutions, one matrix product of the patches, or, for a wide layer whose kernel outweighs its input,
-XLA's conv3d, which makes no per-tap copies of the kernel. Each is lax's convolution, and each case below takes the
-route it is named for."""
+"""The models' convolution on CPU (models/common/conv.py) takes one of four routes by shape: Winograd's F(2, 3)
+along the height, per-tap 2D convolutions, one matrix product of the patches, or, for a wide layer whose kernel
+outweighs its input, XLA's conv3d, which makes no per-tap copies of the kernel. Each is lax's convolution, and each
+case below takes the route it is named for."""
 
 import jax
 import numpy as np
