@@ -63,10 +63,9 @@ def cpu_conv(
         return xla_conv()
     plain = {k: v for k, v in kwargs.items() if k != "out_sharding"}  # let jit propagate the sharding
     if lhs.ndim == 4:  # a 2D convolution: one frame of one time tap
-        video, kernel = lhs[:, None], rhs[None]
-        if not _winograd_fits(video, kernel, window_strides, padding, lhs_dilation, rhs_dilation):
+        if not _winograd_fits(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation):
             return xla_conv()
-        return winograd_conv(video, kernel, **plain)[:, 0]
+        return winograd_conv(lhs[:, None], rhs[None], **plain)[:, 0]
     if (
         rhs.shape[0] == 1
         or tuple(padding[0]) != (0, 0)
@@ -143,12 +142,13 @@ _TILE = len(_AT)  # output rows per tile
 
 
 def _winograd_fits(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation) -> bool:
-    """Whether the convolution of lhs (N, T, H, W, C) by rhs (kT, kH, kW, C, O), with the spatial strides, padding
-    and dilations given, goes through `winograd_conv`: a 3x3 window at stride 1 padded by one, float32 (its
-    transforms round more than a direct sum, in float32 far below the parity tolerance), and enough output positions
-    for the transforms, the kernel's above all, to cost less than the products they save."""
-    n, t, h, w, c = lhs.shape
-    kt, kh, kw, _, o = rhs.shape
+    """Whether the convolution of lhs (N, T, H, W, C) by rhs (kT, kH, kW, C, O), or of lhs (N, H, W, C) by rhs
+    (kH, kW, C, O), with the spatial strides, padding and dilations given, goes through `winograd_conv`: a 3x3
+    window at stride 1 padded by one, float32 (its transforms round more than a direct sum, in float32 far below the
+    parity tolerance), and enough output positions for the transforms, the kernel's above all, to cost less than the
+    products they save."""
+    n, t, h, w, c = lhs.shape if lhs.ndim == 5 else (lhs.shape[0], 1, *lhs.shape[1:])
+    kt, kh, kw, _, o = rhs.shape if rhs.ndim == 5 else (1, *rhs.shape)
     positions = n * (t - kt + 1) * h * w
     return (
         (kh, kw) == (3, 3)
