@@ -75,3 +75,32 @@ def test_no_per_tap_kernel_copies_where_the_kernel_outweighs_its_input():
     compiled = jax.jit(lambda a, b: _conv(cpu_conv, a, b)).lower(lhs, rhs).compile()
     one_tap = np.prod(rhs_shape[1:]) * 4
     assert compiled.memory_analysis().temp_size_in_bytes < one_tap
+
+
+def test_kernel_transforms_wait_for_their_layer_where_they_outweigh_its_input():
+    """Left to XLA:CPU's scheduler, every layer's transformed kernels are made at the top of a step and all live at
+    once; these layers' transforms outweigh their input, so cpu_conv has them wait for the layer's input."""
+    layers, channels = 6, 64
+
+    def chain(x, kernels):
+        for kernel in kernels:
+            x = jax.numpy.concatenate([x, x, x], axis=1)  # 3 frames in, 1 out
+            x = _conv(cpu_conv, x, kernel)
+        return x
+
+    x = jax.ShapeDtypeStruct((1, 1, 16, 16, channels), np.float32)
+    kernels = [jax.ShapeDtypeStruct((3, 3, 3, channels, channels), np.float32)] * layers
+    compiled = jax.jit(chain).lower(x, kernels).compile()
+    transforms = layers * len(conv._BT) * 3 * 3 * channels * channels * 4  # bytes, all layers
+    assert compiled.memory_analysis().temp_size_in_bytes < transforms / 2
+
+
+@pytest.mark.parametrize("first", [0.0, -0.0, 1.5, np.inf, -np.inf, np.nan])
+def test_ordering_a_kernel_after_data_leaves_it_unchanged(first):
+    rng = np.random.default_rng(0)
+    kernel = rng.standard_normal((3, 3, 4, 4)).astype(np.float32)
+    kernel[0, 0, 0] = -0.0, np.inf, np.nan, 0.0
+    data = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    data[0, 0, 0] = first
+    got = np.asarray(jax.jit(conv._after)(kernel, data))
+    np.testing.assert_array_equal(got.view(np.int32), kernel.view(np.int32))

@@ -165,6 +165,15 @@ def _combine(coefficients, term):
     return functools.reduce(operator.add, [a * term(i) for i, a in enumerate(coefficients) if a])
 
 
+def _after(kernel, data):
+    """The float32 kernel, bit for bit, made once `data` is: a layer's kernel transforms then wait for the layer.
+    Left free, XLA:CPU's scheduler makes every layer's at the top of a step, all alive at once (README, Performance).
+    The dependency is the kernel's bits or'ed with data's first element's shifted past their width, which XLA
+    defines as 0 whatever the value and does not fold away."""
+    zero = lax.shift_right_logical(lax.bitcast_convert_type(data[(0,) * data.ndim], jnp.int32), jnp.int32(32))
+    return lax.bitcast_convert_type(lax.bitcast_convert_type(kernel, jnp.int32) | zero, kernel.dtype)
+
+
 def winograd_conv(lhs, rhs, precision=None, preferred_element_type=None):
     """The convolution of lhs (N, T, H, W, C), time unpadded, by rhs (kT, 3, 3, C, O), at stride 1 with one pixel of
     zero padding in space, through Winograd's F(2, 3) along the height. Tile rows go to the batch, so each of the 4
@@ -186,6 +195,8 @@ def winograd_conv(lhs, rhs, precision=None, preferred_element_type=None):
     def product(p):  # (N, tiles, T', W, O)
         v = _combine(_BT[p], tile_row).reshape(n * tiles, t, w, c)
         u = _combine(_G[p], lambda i: rhs[:, i])  # (kT, 3, C, O): a (time, width) window
+        if len(_BT) * u.size > lhs.size:  # this layer's transformed kernels outweigh its input
+            u = _after(u, v)
         m = lax.conv_general_dilated(
             v,
             u,
