@@ -168,8 +168,8 @@ def _combine(coefficients, term):
 def _after(kernel, data):
     """The float32 kernel, bit for bit, made once `data` is: a layer's kernel transforms then wait for the layer.
     Left free, XLA:CPU's scheduler makes every layer's at the top of a step, all alive at once (README, Performance).
-    The dependency is the kernel's bits or'ed with data's first element's shifted past their width, which XLA
-    defines as 0 whatever the value and does not fold away."""
+    The dependency: the kernel's bits or'ed with those of data's first element shifted right past their width, which
+    XLA defines as 0 whatever the value, and does not fold away."""
     zero = lax.shift_right_logical(lax.bitcast_convert_type(data[(0,) * data.ndim], jnp.int32), jnp.int32(32))
     return lax.bitcast_convert_type(lax.bitcast_convert_type(kernel, jnp.int32) | zero, kernel.dtype)
 
