@@ -182,6 +182,7 @@ def winograd_conv(lhs, rhs, precision=None, preferred_element_type=None):
     kt, _, _, c, o = rhs.shape
     n, t, h, w, _ = lhs.shape
     frames, tiles = t - kt + 1, -(-h // _TILE)
+    kernels_outweigh_input = len(_BT) * kt * 3 * c * o > lhs.size  # the transformed kernels, all 4
 
     def tile_row(r):  # (N, tiles, T, W, C): row r of every tile, input row 2i + r - 1, zero outside [0, H)
         first = 1 if r == 0 else 0  # the top padding row is tile 0's row 0
@@ -195,7 +196,7 @@ def winograd_conv(lhs, rhs, precision=None, preferred_element_type=None):
     def product(p):  # (N, tiles, T', W, O)
         v = _combine(_BT[p], tile_row).reshape(n * tiles, t, w, c)
         u = _combine(_G[p], lambda i: rhs[:, i])  # (kT, 3, C, O): a (time, width) window
-        if len(_BT) * u.size > lhs.size:  # this layer's transformed kernels outweigh its input
+        if kernels_outweigh_input:
             u = _after(u, v)
         m = lax.conv_general_dilated(
             v,
