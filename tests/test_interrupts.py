@@ -12,7 +12,7 @@ import time
 
 from tests.helpers import REPO, manifest, only
 
-RUNS = 10
+RUNS = 7
 
 
 def _start(source, out):
