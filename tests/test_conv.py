@@ -1,7 +1,12 @@
 """The models' convolution on CPU (models/common/conv.py) takes one of four routes by shape: Winograd's F(2, 3)
 along the height, per-tap 2D convolutions, one matrix product of the patches, or, for a wide layer whose kernel
 outweighs its input, XLA's conv3d, which makes no per-tap copies of the kernel. Each is lax's convolution, and each
-case below takes the route it is named for."""
+case below takes the route it is named for. On a mesh that splits the width, a layer exchanges its halo once."""
+
+import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
@@ -10,6 +15,7 @@ from jax import lax
 
 from converter.models.common import conv
 from converter.models.common.conv import cpu_conv
+from tests.helpers import REPO
 
 SPATIAL = ((1, 1), (1, 1))  # time unpadded (the models pad it causally), space padded by one
 CASES = {  # lhs (N, T, H, W, C) or (N, H, W, C), rhs (kT, kH, kW, C, O) or (kH, kW, C, O), the route taken
@@ -104,3 +110,60 @@ def test_ordering_a_kernel_after_data_leaves_it_unchanged(first):
     data[0, 0, 0] = first
     got = np.asarray(jax.jit(conv._after)(kernel, data))
     np.testing.assert_array_equal(got.view(np.int32), kernel.view(np.int32))
+
+
+MESH_SCRIPT = """
+import json, sys
+import jax, numpy as np
+from jax import lax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from converter.models.common.conv import cpu_conv
+
+mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
+report = {}
+for name, (lhs_shape, rhs_shape) in json.loads(sys.argv[1]).items():
+    rng = np.random.default_rng(0)
+    lhs, rhs = (rng.standard_normal(s).astype(np.float32) for s in (lhs_shape, rhs_shape))
+    layout = "NDHWC" if lhs.ndim == 5 else "NHWC"
+    padding = ((0, 0), (1, 1), (1, 1))[5 - lhs.ndim :]
+    args = (1,) * (lhs.ndim - 2), padding
+    numbers = (layout, layout[1:-1] + "IO", layout)
+
+    def on_mesh(a, b):
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            return cpu_conv(a, b, *args, dimension_numbers=numbers)
+
+    placed = jax.device_put(lhs, NamedSharding(mesh, P("dp", *(None,) * (lhs.ndim - 3), "tp", None)))
+    step = jax.jit(on_mesh).lower(placed, rhs).compile()
+    expected = lax.conv_general_dilated(lhs, rhs, *args, dimension_numbers=numbers)
+    report[name] = {
+        "max_abs": float(np.abs(np.asarray(step(placed, rhs)) - np.asarray(expected)).max()),
+        "exchanges": step.as_text().count("collective-permute("),
+    }
+print(json.dumps(report))
+"""
+MESH_CASES = {  # on a mesh (dp 2, tp 4): batch 2, width 8
+    "3D layer (Winograd)": ((2, 5, 12, 8, 8), (3, 3, 3, 8, 16)),
+    "2D layer (Winograd)": ((2, 12, 8, 8), (3, 3, 8, 16)),
+    "3D layer, few positions": ((2, 5, 4, 8, 8), (3, 3, 3, 8, 32)),
+}
+
+
+def test_a_width_split_layer_exchanges_its_halo_once():
+    """Each device takes one column from each neighbour once a layer (two exchanges), where XLA's partitioner would
+    exchange a halo for every convolution inside the layer (a Winograd layer's 4 products: 8), and the result is the
+    unsplit convolution's."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    result = subprocess.run(
+        [sys.executable, "-c", MESH_SCRIPT, json.dumps(MESH_CASES)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(report) == set(MESH_CASES)
+    for name, r in report.items():
+        assert r["exchanges"] == 2, (name, r)
+        assert r["max_abs"] <= 1e-4, (name, r)

@@ -5,7 +5,8 @@
 much faster than its 3D ones, or one matrix product of their patches, which reads a large kernel better than either
 when there are few output positions (README, Performance, has the measurements); a wide layer's kernel larger than
 its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's convolutions,
-which are their fast path. All compute the same convolution; only the order of additions differs.
+which are their fast path. All compute the same convolution; only the order of additions differs. On a mesh that
+splits the width, each layer first takes its halo columns from its neighbours, once.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import operator
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.sharding import AxisType
+from jax.sharding import PartitionSpec as P
 
 # Options for compiling the models' steps. XLA:CPU hands convolutions to YNNPACK by default; with that off it runs
 # them with its Eigen kernels, which are faster for these layers (README, Performance, has the measurements). An
@@ -62,10 +65,19 @@ def cpu_conv(
     if jax.default_backend() != "cpu" or feature_group_count != 1 or lhs.ndim not in (4, 5):
         return xla_conv()
     plain = {k: v for k, v in kwargs.items() if k != "out_sharding"}  # let jit propagate the sharding
+    mesh = _width_split_mesh(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation)
+    if mesh is not None:
+        return _with_width_halo(
+            functools.partial(cpu_conv, window_strides=window_strides, dimension_numbers=dimension_numbers, **plain),
+            lhs,
+            rhs,
+            padding,
+            mesh,
+        )
     if lhs.ndim == 4:  # a 2D convolution: one frame of one time tap
         if not _winograd_fits(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation):
             return xla_conv()
-        return winograd_conv(lhs[:, None], rhs[None], **plain)[:, 0]
+        return winograd_conv(lhs[:, None], rhs[None], tuple(padding[1]), **plain)[:, 0]
     if (
         rhs.shape[0] == 1
         or tuple(padding[0]) != (0, 0)
@@ -84,7 +96,7 @@ def cpu_conv(
     if rhs.size > lhs.size and c * rhs.shape[-1] >= WIDE_LAYER:
         return xla_conv()
     if _winograd_fits(lhs, rhs, window_strides[1:], padding[1:], None, None):
-        return winograd_conv(lhs, rhs, **plain)
+        return winograd_conv(lhs, rhs, tuple(padding[2]), **plain)
     out = None
     for tap in range(taps):
         window = lhs[:, tap : tap + frames].reshape(n * frames, h, w, c)  # (N*T', H, W, C)
@@ -93,6 +105,48 @@ def cpu_conv(
         )
         out = y if out is None else out + y
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)
+
+
+def _width_split_mesh(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation):
+    """The mesh ("dp", "tp") of the step being traced where it splits lhs (N, ..., W, C) by batch and width and the
+    convolution keeps the width (stride 1, padding summing to the kernel's width less one); else None."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if isinstance(padding, str) or mesh.empty or set(mesh.axis_names) != {"dp", "tp"} or mesh.shape["tp"] == 1:
+        return None
+    if any(t != AxisType.Auto for t in mesh.axis_types):  # inside the halo exchange's shard_map already
+        return None
+    (lo, hi), kw, w = tuple(padding[-1]), rhs.shape[-3], lhs.shape[-2]
+    return (
+        mesh
+        if strides[-1] == 1
+        and all(d == 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
+        and kw > 1
+        and lo + hi == kw - 1
+        and lhs.shape[0] % mesh.shape["dp"] == 0
+        and w % mesh.shape["tp"] == 0
+        and max(lo, hi) <= w // mesh.shape["tp"]
+        else None
+    )
+
+
+def _with_width_halo(conv, lhs, rhs, padding, mesh):
+    """conv(lhs, rhs, padding) on a mesh that splits lhs's batch over "dp" and its width over "tp": each device takes
+    its neighbours' edge columns once, then convolves its own columns with no width padding. Left to XLA's
+    partitioner, every width-padded convolution inside conv exchanges its own halo, a Winograd layer's 4 products 8
+    times, each with a haloed copy of its input (README, Performance)."""
+    (lo, hi), tp = tuple(padding[-1]), mesh.shape["tp"]
+    spec = P("dp", *(None,) * (lhs.ndim - 3), "tp", None)
+
+    def local(x, k):  # x (N/dp, ..., W/tp, C)
+        w = x.shape[-2]
+        parts = [x]
+        if lo:  # the left neighbour's last columns; the first device gets zeros, the padding
+            parts.insert(0, lax.ppermute(x[..., w - lo :, :], "tp", [(i, i + 1) for i in range(tp - 1)]))
+        if hi:
+            parts.append(lax.ppermute(x[..., :hi, :], "tp", [(i + 1, i) for i in range(tp - 1)]))
+        return conv(jnp.concatenate(parts, axis=-2), k, padding=(*padding[:-1], (0, 0)))
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(spec, P()), out_specs=spec)(lhs, rhs)
 
 
 def _output_size(lhs, rhs, strides, padding) -> tuple[int, int]:
@@ -144,16 +198,16 @@ _TILE = len(_AT)  # output rows per tile
 def _winograd_fits(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation) -> bool:
     """Whether the convolution of lhs (N, T, H, W, C) by rhs (kT, kH, kW, C, O), or of lhs (N, H, W, C) by rhs
     (kH, kW, C, O), with the spatial strides, padding and dilations given, goes through `winograd_conv`: a 3x3
-    window at stride 1 padded by one, float32 (its transforms round more than a direct sum, in float32 far below the
-    parity tolerance), and enough output positions for the transforms, the kernel's above all, to cost less than the
-    products they save."""
+    window at stride 1 with a row of padding above and below, float32 (its transforms round more than a direct sum,
+    in float32 far below the parity tolerance), and enough output positions for the transforms, the kernel's above
+    all, to cost less than the products they save."""
     n, t, h, w, c = lhs.shape if lhs.ndim == 5 else (lhs.shape[0], 1, *lhs.shape[1:])
     kt, kh, kw, _, o = rhs.shape if rhs.ndim == 5 else (1, *rhs.shape)
     positions = n * (t - kt + 1) * h * w
     return (
         (kh, kw) == (3, 3)
         and tuple(strides) == (1, 1)
-        and [tuple(p) for p in padding] == [(1, 1), (1, 1)]
+        and tuple(padding[0]) == (1, 1)
         and all(d == 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
         and lhs.dtype == rhs.dtype == jnp.float32
         and positions >= WINOGRAD_POSITIONS_PER_CHANNEL * max(c, o)
@@ -174,11 +228,11 @@ def _after(kernel, data):
     return lax.bitcast_convert_type(lax.bitcast_convert_type(kernel, jnp.int32) | zero, kernel.dtype)
 
 
-def winograd_conv(lhs, rhs, precision=None, preferred_element_type=None):
-    """The convolution of lhs (N, T, H, W, C), time unpadded, by rhs (kT, 3, 3, C, O), at stride 1 with one pixel of
-    zero padding in space, through Winograd's F(2, 3) along the height. Tile rows go to the batch, so each of the 4
-    products is a 2D convolution over (time, width) by a (kT, 3) window of the transformed kernel: the time taps are
-    its rows, and a mesh splits its width as it splits the activations'."""
+def winograd_conv(lhs, rhs, width_padding=(1, 1), precision=None, preferred_element_type=None):
+    """The convolution of lhs (N, T, H, W, C), time unpadded, by rhs (kT, 3, 3, C, O), at stride 1 with one row of
+    zero padding above and below and `width_padding` columns left and right, through Winograd's F(2, 3) along the
+    height. Tile rows go to the batch, so each of the 4 products is a 2D convolution over (time, width) by a (kT, 3)
+    window of the transformed kernel: the time taps are its rows."""
     kt, _, _, c, o = rhs.shape
     n, t, h, w, _ = lhs.shape
     frames, tiles = t - kt + 1, -(-h // _TILE)
@@ -202,14 +256,14 @@ def winograd_conv(lhs, rhs, precision=None, preferred_element_type=None):
             v,
             u,
             (1, 1),
-            ((0, 0), (1, 1)),
+            ((0, 0), width_padding),
             dimension_numbers=("NHWC", "HWIO", "NHWC"),
             precision=precision,
             preferred_element_type=preferred_element_type,
         )
-        return m.reshape(n, tiles, frames, w, o)
+        return m.reshape(n, tiles, frames, m.shape[2], o)
 
     products = [product(p) for p in range(len(_BT))]
-    out = jnp.stack([_combine(_AT[e], lambda p: products[p]) for e in range(_TILE)], axis=2)  # (N, tiles, 2, T', W, O)
-    out = out.transpose(0, 3, 1, 2, 4, 5).reshape(n, frames, tiles * _TILE, w, o)
+    out = jnp.stack([_combine(_AT[e], lambda p: products[p]) for e in range(_TILE)], axis=2)  # (N, tiles, 2, T', W', O)
+    out = out.transpose(0, 3, 1, 2, 4, 5).reshape(n, frames, tiles * _TILE, out.shape[-2], o)
     return out[:, :, :h]

@@ -3,6 +3,7 @@ passed explicitly, on a mesh when given one, and tile by tile when tiling is on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import jax
@@ -21,12 +22,14 @@ from .tiling import run_tiled
 def step(part, mesh, model, x, cache):
     """One chunk through the encoder (then quant_conv) or the decoder (after post_quant_conv); compiled once per
     (chunk shape, first chunk or not). The 1x1x1 quant convs act per pixel, so applying them per chunk is exact.
-    On a mesh (its Auto view), the new cache is laid out as the activations are."""
-    if part == "decoder" and model.post_quant_conv is not None:
-        x = model.post_quant_conv(x)
-    x, cache = getattr(model, part)(x, cache)
-    if part == "encoder" and model.quant_conv is not None:
-        x = model.quant_conv(x)
+    On a mesh (its Auto view), the new cache is laid out as the activations are, and the convolutions see the mesh
+    (models/common/conv.py exchanges their width halos)."""
+    with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
+        if part == "decoder" and model.post_quant_conv is not None:
+            x = model.post_quant_conv(x)
+        x, cache = getattr(model, part)(x, cache)
+        if part == "encoder" and model.quant_conv is not None:
+            x = model.quant_conv(x)
     return x, constrain_activations(cache, mesh)
 
 
