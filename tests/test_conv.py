@@ -145,7 +145,7 @@ print(json.dumps(report))
 MESH_CASES = {  # on a mesh (dp 2, tp 4): batch 2, width 8
     "3D layer (Winograd)": ((2, 5, 12, 8, 8), (3, 3, 3, 8, 16)),
     "2D layer (Winograd)": ((2, 12, 8, 8), (3, 3, 8, 16)),
-    "3D layer, few positions": ((2, 5, 4, 8, 8), (3, 3, 3, 8, 32)),
+    "3D layer (per tap: few positions per device)": ((2, 5, 4, 8, 8), (3, 3, 3, 8, 32)),
 }
 
 

@@ -1,6 +1,7 @@
 """Placing the Flax models on a `jax.sharding.Mesh` with axes ("dp", "tp"): parameters replicated, videos and
 latents (B, T, H, W, C) split by batch over "dp" and by width over "tp". jit propagates that layout through every
-step (XLA exchanges the conv halos), so decode and encode run sharded with no change to the models.
+step, so decode and encode run sharded with no change to the models; the CPU convolution exchanges each layer's
+halo columns itself (models/common/conv.py).
 
 Meshes made by `jax.make_mesh` have Explicit axes by default, under which every reshape of a sharded dimension must
 state its output sharding; the models leave the layout to XLA's propagation instead, so they run on the Auto view of
