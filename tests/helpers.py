@@ -32,6 +32,18 @@ def run_cli(*args, check=True, cwd=REPO, **kwargs) -> subprocess.CompletedProces
     return result
 
 
+def report_on_8_devices(script: str, *args) -> dict:
+    """The JSON that `script` prints last, run in a fresh process with 8 simulated CPU devices (XLA reads the flag
+    when JAX starts, so not in this process)."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    result = subprocess.run(
+        [sys.executable, "-c", script, *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"the script exited {result.returncode}:\n{result.stderr[-4000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def fails(args, code: int, *needles, out: Path | None = None, cwd=REPO) -> str:
     """The CLI exits with `code` and one `error:` line holding every needle, no traceback; with `out`, nothing is at
     --out and nothing is left beside it. Returns the error line."""

@@ -4,9 +4,6 @@ outweighs its input, XLA's conv3d, which makes no per-tap copies of the kernel. 
 case below takes the route it is named for. On a mesh that splits the width, a layer exchanges its halo once."""
 
 import json
-import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -15,7 +12,7 @@ from jax import lax
 
 from converter.models.common import conv
 from converter.models.common.conv import cpu_conv
-from tests.helpers import REPO
+from tests.helpers import report_on_8_devices
 
 SPATIAL = ((1, 1), (1, 1))  # time unpadded (the models pad it causally), space padded by one
 CASES = {  # lhs (N, T, H, W, C) or (N, H, W, C), rhs (kT, kH, kW, C, O) or (kH, kW, C, O), the route taken
@@ -153,16 +150,7 @@ def test_a_width_split_layer_exchanges_its_halo_once():
     """Each device takes one column from each neighbour once a layer (two exchanges), where XLA's partitioner would
     exchange a halo for every convolution inside the layer (a Winograd layer's 4 products: 8), and the result is the
     unsplit convolution's."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    result = subprocess.run(
-        [sys.executable, "-c", MESH_SCRIPT, json.dumps(MESH_CASES)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = report_on_8_devices(MESH_SCRIPT, json.dumps(MESH_CASES))
     assert set(report) == set(MESH_CASES)
     for name, r in report.items():
         assert r["exchanges"] == 2, (name, r)

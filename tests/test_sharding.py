@@ -5,14 +5,11 @@ scale), for meshes (1, 8) and (2, 4), made with Auto axes (`Mesh(devices, names)
 returns is split over the mesh as the activations are."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from converter.registry import FAMILIES, model_for
-from tests.helpers import REPO, run_cli, save_diffusers
+from tests.helpers import report_on_8_devices, run_cli, save_diffusers
 
 # 1e-5 relative to the output's scale (max(1, max |unsharded|)): CogVideoX decodes unclipped values up to ~7, where
 # sharded convolutions summing in another order differ by 1.07e-5 (1.5e-6 relative). A sharding bug (a wrong halo, a
@@ -90,16 +87,7 @@ def test_sharded_matches_unsharded(tmp_path, case):
     save_diffusers(family, tmp_path / "vae", family.small_configs[which])
     model = model_for(family, config).name
     run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
-    result = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(tmp_path / "out"), str(channels), json.dumps(meshes)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = report_on_8_devices(SCRIPT, tmp_path / "out", channels, json.dumps(meshes))
     assert report["devices"] == 8
     assert "a batch of 1 does not split over the mesh's 'dp' axis of 2 devices" in report["batch_of_one"]
     assert report["replicated_cache"] == []
