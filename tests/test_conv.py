@@ -115,26 +115,23 @@ import jax, numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from converter.models.common.conv import cpu_conv
+from tests.test_conv import _conv
 
 mesh = Mesh(np.array(jax.devices()).reshape(2, 4), ("dp", "tp"))
 report = {}
 for name, (lhs_shape, rhs_shape) in json.loads(sys.argv[1]).items():
     rng = np.random.default_rng(0)
     lhs, rhs = (rng.standard_normal(s).astype(np.float32) for s in (lhs_shape, rhs_shape))
-    layout = "NDHWC" if lhs.ndim == 5 else "NHWC"
-    padding = ((0, 0), (1, 1), (1, 1))[5 - lhs.ndim :]
-    args = (1,) * (lhs.ndim - 2), padding
-    numbers = (layout, layout[1:-1] + "IO", layout)
 
     def on_mesh(a, b):
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
-            return cpu_conv(a, b, *args, dimension_numbers=numbers)
+            return _conv(cpu_conv, a, b)
 
     placed = jax.device_put(lhs, NamedSharding(mesh, P("dp", *(None,) * (lhs.ndim - 3), "tp", None)))
     step = jax.jit(on_mesh).lower(placed, rhs).compile()
-    expected = lax.conv_general_dilated(lhs, rhs, *args, dimension_numbers=numbers)
+    expected = np.asarray(_conv(lax.conv_general_dilated, lhs, rhs))
     report[name] = {
-        "max_abs": float(np.abs(np.asarray(step(placed, rhs)) - np.asarray(expected)).max()),
+        "max_abs": float(np.abs(np.asarray(step(placed, rhs)) - expected).max()),
         "exchanges": step.as_text().count("collective-permute("),
     }
 print(json.dumps(report))

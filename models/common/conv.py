@@ -82,7 +82,7 @@ def cpu_conv(
         rhs.shape[0] == 1
         or tuple(padding[0]) != (0, 0)
         or window_strides[0] != 1
-        or any(d != 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
+        or not _undilated(lhs_dilation, rhs_dilation)
     ):
         return xla_conv()
     taps = rhs.shape[0]
@@ -107,6 +107,10 @@ def cpu_conv(
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)
 
 
+def _undilated(lhs_dilation, rhs_dilation) -> bool:
+    return all(d == 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
+
+
 def _width_split_mesh(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation):
     """The mesh ("dp", "tp") of the step being traced where it splits lhs (N, ..., W, C) by batch and width and the
     convolution keeps the width (stride 1, padding summing to the kernel's width less one); else None."""
@@ -119,7 +123,7 @@ def _width_split_mesh(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation):
     return (
         mesh
         if strides[-1] == 1
-        and all(d == 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
+        and _undilated(lhs_dilation, rhs_dilation)
         and kw > 1
         and lo + hi == kw - 1
         and lhs.shape[0] % mesh.shape["dp"] == 0
@@ -208,7 +212,7 @@ def _winograd_fits(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation) -> bo
         (kh, kw) == (3, 3)
         and tuple(strides) == (1, 1)
         and tuple(padding[0]) == (1, 1)
-        and all(d == 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
+        and _undilated(lhs_dilation, rhs_dilation)
         and lhs.dtype == rhs.dtype == jnp.float32
         and positions >= WINOGRAD_POSITIONS_PER_CHANNEL * max(c, o)
     )
