@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-import operator
 
 import jax
 import jax.numpy as jnp
@@ -218,9 +217,15 @@ def _winograd_fits(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation) -> bo
     )
 
 
-def _combine(coefficients, term):
-    """The sum of coefficients[i] * term(i) over the nonzero coefficients."""
-    return functools.reduce(operator.add, [a * term(i) for i, a in enumerate(coefficients) if a])
+def _combine(coefficients, terms):
+    """The sum of coefficients[i] * terms[i] over the nonzero coefficients, in lax's operations: a coefficient of 1
+    or -1 adds or subtracts its term (the same sum, bit for bit, with fewer operations for JAX to trace)."""
+    total = None
+    for a, x in zip(coefficients, terms):
+        if a:
+            x = x if abs(a) == 1 else lax.mul(x, abs(a))
+            total = (x if a > 0 else lax.neg(x)) if total is None else (lax.add if a > 0 else lax.sub)(total, x)
+    return total
 
 
 def _after(kernel, data):
@@ -251,9 +256,13 @@ def winograd_conv(lhs, rhs, width_padding=(1, 1), precision=None, preferred_elem
         rows = jnp.pad(rows, ((0, 0), (0, 0), (first, tiles - first - count), (0, 0), (0, 0)))  # fused with its reader
         return rows.transpose(0, 2, 1, 3, 4)
 
+    # each traced once, for the 4 products
+    tile_rows = [tile_row(r) for r in range(len(_BT))]
+    kernel_rows = [lax.index_in_dim(rhs, i, axis=1, keepdims=False) for i in range(3)]  # (kT, 3, C, O) each
+
     def product(p):  # (N, tiles, T', W, O)
-        v = _combine(_BT[p], tile_row).reshape(n * tiles, t, w, c)
-        u = _combine(_G[p], lambda i: rhs[:, i])  # (kT, 3, C, O): a (time, width) window
+        v = _combine(_BT[p], tile_rows).reshape(n * tiles, t, w, c)
+        u = _combine(_G[p], kernel_rows)  # (kT, 3, C, O): a (time, width) window
         if kernels_outweigh_input:
             u = _after(u, v)
         m = lax.conv_general_dilated(
@@ -268,6 +277,6 @@ def winograd_conv(lhs, rhs, width_padding=(1, 1), precision=None, preferred_elem
         return m.reshape(n, tiles, frames, m.shape[2], o)
 
     products = [product(p) for p in range(len(_BT))]
-    out = jnp.stack([_combine(_AT[e], lambda p: products[p]) for e in range(_TILE)], axis=2)  # (N, tiles, 2, T', W', O)
+    out = jnp.stack([_combine(_AT[e], products) for e in range(_TILE)], axis=2)  # (N, tiles, 2, T', W', O)
     out = out.transpose(0, 3, 1, 2, 4, 5).reshape(n, frames, tiles * _TILE, out.shape[-2], o)
     return out[:, :, :h]
