@@ -35,11 +35,13 @@ def _group_sums(x, num_groups: int):
     b, c = x.shape[0], x.shape[-1]
     w = x.shape[-2] if x.ndim > 2 else 1
     rows = x.reshape(b, -1, w * c)  # (B, ..., W, C) -> (B, T*H, W*C)
-    per_position = jnp.einsum("p,bpk->bk", jnp.ones(rows.shape[1], x.dtype), rows)
+    ones = jnp.ones(rows.shape[1], x.dtype)
+    per_position = jax.lax.dot_general(ones, rows, (((0,), (1,)), ((), ())))  # (B, W*C)
     return per_position.reshape(b, w, c).sum(axis=1).reshape(b, num_groups, -1).sum(axis=-1)
 
 
 def _per_channel(stat, x):
     """(B, G) -> (B, 1, ..., 1, C), each group's value for each of its channels."""
-    per_channel = jnp.repeat(stat, x.shape[-1] // stat.shape[1], axis=1)
-    return per_channel.reshape(x.shape[0], *(1,) * (x.ndim - 2), x.shape[-1])
+    b, g = stat.shape
+    per_channel = jax.lax.broadcast_in_dim(stat, (b, g, x.shape[-1] // g), (0, 1))  # (B, G, C/G)
+    return per_channel.reshape(b, *(1,) * (x.ndim - 2), x.shape[-1])
