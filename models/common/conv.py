@@ -107,6 +107,7 @@ def cpu_conv(
 
 
 def _undilated(lhs_dilation, rhs_dilation) -> bool:
+    """Whether neither the input nor the kernel is dilated (None: not at all)."""
     return all(d == 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))
 
 
