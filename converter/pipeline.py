@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from converter import __version__, mapping, preview, source_formats, sources, validate
+from converter import __version__, enable_compile_cache, mapping, preview, source_formats, sources, validate
 from converter.errors import InputError, MappingError, OutputError, ValidationError
 from converter.output import MANIFEST, TOOL, OutputFolder, write_json
 from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
@@ -331,6 +331,7 @@ def _validate(req, plan, dtype, work, manifest, out) -> list:
         return []
     req.say("validating: decode and encode against the PyTorch reference on the source weights ...")
     family = req.model.family
+    enable_compile_cache()  # with $VAE_CONVERT_COMPILE_CACHE set, conversions of one architecture compile once
     outcome = validate.run(family, plan.config, req.target.runner(load_output(work)), plan.weights, dtype)
     return record_validation(outcome, manifest, work, out, req)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 # the helpers' asserts (what a folder holds, an exit code) report their values, as the tests' own do
@@ -11,6 +13,19 @@ from converter.registry import FAMILIES  # noqa: E402
 from tests.helpers import save_diffusers  # noqa: E402
 
 WAN = FAMILIES["wan"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory):
+    """One JAX persistent compilation cache for this test process and the CLI runs it starts, new each session: the
+    many conversions of the same small checkpoints compile their validation steps once. One per xdist worker, as
+    JAX writes its entries in place (another process could read one half-written); tests of the cache itself and
+    of interrupted runs leave it out."""
+    from converter.api import COMPILE_CACHE_ENV
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(os.environ, COMPILE_CACHE_ENV, str(tmp_path_factory.mktemp("jax-compile-cache")))
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -28,9 +28,15 @@ def _entries(cache):
     return {p.name for p in cache.rglob("*") if p.is_file()} if cache.exists() else set()
 
 
-def test_second_process_hits_the_cache(wan_small, tmp_path):
+def test_second_process_hits_the_cache(wan_small, tmp_path, monkeypatch):
     source, _ = wan_small
-    run_cli("wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+    # a conversion's validation uses the cache too: the second conversion of the same architecture compiles nothing
+    monkeypatch.setenv("VAE_CONVERT_COMPILE_CACHE", str(tmp_path / "conversions"))
+    run_cli("wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out")
+    validated = _entries(tmp_path / "conversions")
+    assert validated
+    run_cli("wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "again")
+    assert _entries(tmp_path / "conversions") == validated
     cache = tmp_path / "cache"
     _decode_in_new_process(tmp_path / "out", None)
     assert not cache.exists()  # off by default
