@@ -30,13 +30,10 @@ def _entries(cache):
 
 def test_second_process_hits_the_cache(wan_small, tmp_path, monkeypatch):
     source, _ = wan_small
-    # a conversion's validation uses the cache too: the second conversion of the same architecture compiles nothing
+    # a conversion's validation uses the cache too (what a second process finds there: below)
     monkeypatch.setenv("VAE_CONVERT_COMPILE_CACHE", str(tmp_path / "conversions"))
-    run_cli("wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out")
-    validated = _entries(tmp_path / "conversions")
-    assert validated
-    run_cli("wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "again")
-    assert _entries(tmp_path / "conversions") == validated
+    run_cli("wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out", "--no-preview")
+    assert _entries(tmp_path / "conversions")
     cache = tmp_path / "cache"
     _decode_in_new_process(tmp_path / "out", None)
     assert not cache.exists()  # off by default
