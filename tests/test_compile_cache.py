@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from converter.api import COMPILE_CACHE_ENV
 from converter.registry import FAMILIES
 from tests.helpers import REPO, compiled_steps, run_cli, save_diffusers
 
@@ -18,9 +19,9 @@ vae.decode(np.zeros((1, 2, 4, 4, 4), np.float32))
 
 
 def _decode_in_new_process(out, cache):
-    env = {k: v for k, v in os.environ.items() if k != "VAE_CONVERT_COMPILE_CACHE"}
+    env = {k: v for k, v in os.environ.items() if k != COMPILE_CACHE_ENV}
     if cache:
-        env["VAE_CONVERT_COMPILE_CACHE"] = str(cache)
+        env[COMPILE_CACHE_ENV] = str(cache)
     subprocess.run([sys.executable, "-c", DECODE, str(out)], cwd=REPO, env=env, check=True)
 
 
@@ -31,7 +32,7 @@ def _entries(cache):
 def test_second_process_hits_the_cache(wan_small, tmp_path, monkeypatch):
     source, _ = wan_small
     # a conversion's validation uses the cache too (what a second process finds there: below)
-    monkeypatch.setenv("VAE_CONVERT_COMPILE_CACHE", str(tmp_path / "conversions"))
+    monkeypatch.setenv(COMPILE_CACHE_ENV, str(tmp_path / "conversions"))
     run_cli("wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out", "--no-preview")
     assert _entries(tmp_path / "conversions")
     cache = tmp_path / "cache"
