@@ -44,9 +44,14 @@ def to_rgb(frame: np.ndarray) -> np.ndarray:
     return np.clip(np.rint((channels.transpose(1, 2, 0) + 1.0) * 127.5), 0, 255).astype(np.uint8)
 
 
-def frame_indices(frames: int) -> list[int]:
-    """At most MAX_FRAMES frames, evenly spread, first and last included."""
-    return sorted({int(round(i)) for i in np.linspace(0, frames - 1, min(frames, MAX_FRAMES))})
+def frame_indices(frames: int, hottest: int | None = None) -> list[int]:
+    """At most MAX_FRAMES frames, evenly spread, first and last included; with `hottest` (a heat map's frame holding
+    its max), the inner frame nearest it gives way to it, so the picture shows the largest difference it names."""
+    spread = sorted({int(round(i)) for i in np.linspace(0, frames - 1, min(frames, MAX_FRAMES))})
+    if hottest is None or hottest in spread:
+        return spread
+    nearest = min(spread[1:-1], key=lambda t: abs(t - hottest))
+    return sorted(set(spread) - {nearest} | {hottest})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,7 +111,7 @@ def _draw(path: Path, layout: Layout, sections: dict) -> dict:
         maxima[section] = float(difference.max())
         _, top = layout.tile(section, 0, 0)
         draw.text((4, top - TITLE_HEIGHT + 4), titles[section], fill=(0, 0, 0))
-        indices = frame_indices(got.shape[1])
+        indices = frame_indices(got.shape[1], hottest=int(difference.max(axis=(1, 2)).argmax()))
         rows = [[to_rgb(video[:, t]) for t in indices] for video in videos]
         rows.append(
             [heat_colours(difference[t] / maxima[section] if maxima[section] else difference[t]) for t in indices]
