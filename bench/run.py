@@ -154,54 +154,82 @@ def task_load(path: str, how: str) -> dict:
     return parts
 
 
-def _timed(fn, repeats: int) -> dict:
-    """First call (includes compiling) and the best of `repeats` following calls (none: the first only)."""
-    times = []
-    for _ in range(1 + repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return {"first": times[0], "steady": min(times[1:])} if repeats else {"first": times[0]}
+# Steady calls: the best of this many per implementation, the implementations taking turns in one process.
+STEADY_ROUNDS = 3
 
 
-def task_run(impl: str, path: str, latent: list, video: list, cache: str | None, repeats: int = 2) -> dict:
-    """Decode and encode with one implementation: flax / torchax (jitted) or torch / diffusers (eager)."""
+def task_run(impl: str, path: str, latent: list, video: list, cache: str | None) -> dict:
+    """The first decode and encode of one implementation in a fresh process (for jitted ones, compiling):
+    flax / torchax (jitted) or torch / diffusers (eager)."""
+    import converter
+
+    if cache:
+        converter.enable_compile_cache(cache)
+    decode, encode = _calls(impl, path, latent, video)
+    return {"decode": {"first": _seconds_of(decode)}, "encode": {"first": _seconds_of(encode)}}
+
+
+def task_steady(paths: dict, latent: list, video: list, cache: str, rounds: int) -> dict:
+    """Steady calls of every implementation in one process, taking turns: each round decodes (then encodes) once
+    with each, starting with the next one each round, so a change in the machine's speed, which between processes
+    is larger than the gaps measured, reaches them all alike. {impl: {"decode": best, "encode": best}}; the Flax
+    steps come from the flax run's compilation cache."""
+    import converter
+
+    converter.enable_compile_cache(cache)
+    calls = {impl: _calls(impl, path, latent, video) for impl, path in paths.items()}
+    for decode, encode in calls.values():  # first calls: compiling, or the cache
+        decode(), encode()
+    impls = list(calls)
+    best = {impl: {"decode": float("inf"), "encode": float("inf")} for impl in impls}
+    for r in range(rounds):
+        for i, part in enumerate(("decode", "encode")):
+            for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
+                best[impl][part] = min(best[impl][part], _seconds_of(calls[impl][i]))
+    return best
+
+
+def _seconds_of(fn) -> float:
+    started = time.perf_counter()
+    fn()
+    return time.perf_counter() - started
+
+
+def _calls(impl: str, path: str, latent: list, video: list) -> tuple:
+    """(decode, encode): calls of one implementation on a fixed latent and video, numpy in and out."""
     import numpy as np
     import torch
 
     import converter
     from converter.targets import TARGETS
 
-    if cache:
-        converter.enable_compile_cache(cache)
     rng = np.random.default_rng(0)
     z = rng.standard_normal(latent).astype(np.float32)
     x = rng.uniform(-1, 1, video).astype(np.float32)
     if impl in TARGETS:
         runner = TARGETS[impl].runner(converter.load(path))
-        decode, encode = (lambda: runner.decode(z)), (lambda: runner.encode(x))
+        return (lambda: runner.decode(z)), (lambda: runner.encode(x))
+    if impl == "diffusers":
+        import diffusers
+
+        config = json.loads((Path(path) / "config.json").read_text())
+        model = getattr(diffusers, config["_class_name"]).from_pretrained(path).eval()
     else:
-        if impl == "diffusers":
-            import diffusers
+        model = converter.load(path)
+    # eager PyTorch on the GPU where there is one; numpy in and out, as the jitted runners take and give
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = model.to(device)
+    zt, xt = torch.from_numpy(z).to(device), torch.from_numpy(x).to(device)
 
-            config = json.loads((Path(path) / "config.json").read_text())
-            model = getattr(diffusers, config["_class_name"]).from_pretrained(path).eval()
-        else:
-            model = converter.load(path)
-        # eager PyTorch on the GPU where there is one; numpy in and out, as the jitted runners take and give
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = model.to(device)
-        zt, xt = torch.from_numpy(z).to(device), torch.from_numpy(x).to(device)
+    def decode():
+        with torch.no_grad():
+            model.decode(zt).sample.cpu().numpy()
 
-        def decode():
-            with torch.no_grad():
-                model.decode(zt).sample.cpu().numpy()
+    def encode():
+        with torch.no_grad():
+            model.encode(xt).latent_dist.mean.cpu().numpy()
 
-        def encode():
-            with torch.no_grad():
-                model.encode(xt).latent_dist.mean.cpu().numpy()
-
-    return {"decode": _timed(decode, repeats), "encode": _timed(encode, repeats)}
+    return decode, encode
 
 
 # The compile-only measurements: a real video (720p, 81 frames, channels-first; smoke: the small model and a small
@@ -313,7 +341,14 @@ def _compile_layout(model: str, layout: str, smoke: bool) -> dict:
     return result
 
 
-TASKS = {"convert": task_convert, "naive": task_naive, "load": task_load, "run": task_run, "compile": task_compile}
+TASKS = {
+    "convert": task_convert,
+    "naive": task_naive,
+    "load": task_load,
+    "run": task_run,
+    "steady": task_steady,
+    "compile": task_compile,
+}
 
 
 # -- orchestration ----------------------------------------------------------------------------------------
@@ -382,14 +417,19 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     if smoke:
         runs.pop("torchax")
     for impl, path in runs.items():
-        # flax's run fills an empty compilation cache, which the flax+cache run then finds
+        # flax's run fills an empty compilation cache, which the flax+cache run and the steady calls then find
         result["run"][impl] = _task(
             "run", impl=impl, path=str(path), latent=latent, video=video, cache=str(cache) if impl == "flax" else None
         )
     if not smoke:  # what the cache saves is the first call's compiling: its steady calls are flax's
         result["run"]["flax+cache"] = _task(
-            "run", impl="flax", path=str(runs["flax"]), latent=latent, video=video, cache=str(cache), repeats=0
+            "run", impl="flax", path=str(runs["flax"]), latent=latent, video=video, cache=str(cache)
         )
+    paths = {impl: str(path) for impl, path in runs.items()}
+    steady = _task("steady", paths=paths, latent=latent, video=video, cache=str(cache), rounds=STEADY_ROUNDS)
+    for impl, parts in steady.items():
+        for part, seconds in parts.items():
+            result["run"][impl][part]["steady"] = seconds
     devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={SIMULATED_DEVICES}"}
     fitting = [layout for layout in layouts if _fits(LAYOUTS[layout])]
     result["compile"] = _task("compile", env=devices, model=model, layouts=fitting, smoke=smoke) if fitting else {}
@@ -473,7 +513,8 @@ def markdown(results: dict) -> str:
             )
     lines += [
         "",
-        "first = first call in a fresh process (compiles for jitted models); steady = best later call; "
+        "first = first call in a fresh process (compiles for jitted models); steady = best of "
+        f"{STEADY_ROUNDS} later calls, the implementations taking turns in one process; "
         "flax: its first call also writes the steps into an empty persistent compilation cache; "
         "flax+cache = first call in another process finding them there (its steady calls are flax's); "
         "the last column is diffusers' steady decode time over this one's (above 1 is faster).",
