@@ -458,7 +458,24 @@ def _device() -> str:
 
     devices = jax.devices()
     kind = devices[0].device_kind if devices else "none"
-    return f"{platform.machine()}, {os.cpu_count()} CPU cores, JAX backend {jax.default_backend()} ({kind})"
+    return f"{platform.machine()}, {os.cpu_count()} CPU cores{_cpu()}, JAX backend {jax.default_backend()} ({kind})"
+
+
+def _cpu() -> str:
+    """The CPU as Linux names it, its cache and its widest vector units: one code's timings on this project's
+    machine move between days by more than changes move them (README, Performance); these say which CPU ran."""
+    try:
+        info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
+    except OSError:
+        return ""
+    fields = {
+        key.strip(): value.strip() for key, value in (line.split(":", 1) for line in info.splitlines() if ":" in line)
+    }
+    flags = fields.get("flags", "").split()
+    vectors = [f for f in ("avx512f", "amx_tile") if f in flags] or [f for f in ("avx2",) if f in flags]
+    cache = [f"cache {fields['cache size']}"] if "cache size" in fields else []
+    parts = [p for p in (fields.get("model name"), *cache, *vectors) if p]
+    return f" ({', '.join(parts)})" if parts else ""
 
 
 def _cell(measured: dict, model: dict) -> str:
