@@ -44,6 +44,14 @@ def report_on_8_devices(script: str, *args) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def environment_without_compile_cache() -> dict:
+    """This process's environment less the suite's compilation cache (conftest.py), for a child process that must
+    compile for itself or name its own cache."""
+    from converter.api import COMPILE_CACHE_ENV
+
+    return {k: v for k, v in os.environ.items() if k != COMPILE_CACHE_ENV}
+
+
 def fails(args, code: int, *needles, out: Path | None = None, cwd=REPO) -> str:
     """The CLI exits with `code` and one `error:` line holding every needle, no traceback; with `out`, nothing is at
     --out and nothing is left beside it. Returns the error line."""

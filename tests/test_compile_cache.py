@@ -1,7 +1,6 @@
 """Compilation: one compile per chunk shape, and the persistent cache (off by default; with VAE_CONVERT_COMPILE_CACHE
 set, the first process fills it and a second process compiles nothing new)."""
 
-import os
 import subprocess
 import sys
 
@@ -9,7 +8,7 @@ import pytest
 
 from converter.api import COMPILE_CACHE_ENV
 from converter.registry import FAMILIES
-from tests.helpers import REPO, compiled_steps, run_cli, save_diffusers
+from tests.helpers import REPO, compiled_steps, environment_without_compile_cache, run_cli, save_diffusers
 
 DECODE = """
 import sys, numpy as np, converter
@@ -19,7 +18,7 @@ vae.decode(np.zeros((1, 2, 4, 4, 4), np.float32))
 
 
 def _decode_in_new_process(out, cache):
-    env = {k: v for k, v in os.environ.items() if k != COMPILE_CACHE_ENV}
+    env = environment_without_compile_cache()
     if cache:
         env[COMPILE_CACHE_ENV] = str(cache)
     subprocess.run([sys.executable, "-c", DECODE, str(out)], cwd=REPO, env=env, check=True)

@@ -3,7 +3,6 @@ once the final rename is done, the complete output, as the error line says)."""
 
 from __future__ import annotations
 
-import os
 import random
 import shutil
 import signal
@@ -11,8 +10,7 @@ import subprocess
 import sys
 import time
 
-from converter.api import COMPILE_CACHE_ENV
-from tests.helpers import REPO, manifest, only
+from tests.helpers import REPO, environment_without_compile_cache, manifest, only
 
 RUNS = 7
 
@@ -20,11 +18,10 @@ RUNS = 7
 def _start(source, out):
     # without the suite's compilation cache: each run compiles as the calibration did, and a killed one cannot leave
     # a half-written entry behind
-    env = {k: v for k, v in os.environ.items() if k != COMPILE_CACHE_ENV}
     return subprocess.Popen(
         [sys.executable, "-m", "converter", "wan2.1", "--source", str(source), "--to", "flax", "--out", str(out)],
         cwd=REPO,
-        env=env,
+        env=environment_without_compile_cache(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

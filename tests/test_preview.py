@@ -75,13 +75,13 @@ def test_heat_map_shows_the_frame_of_its_max(tmp_path):
     """Of 9 decoded frames the picture shows 5; the one holding the largest difference is among them, whichever."""
     clip = np.zeros((1, 3, 5, 16, 16), np.float32)
     expected = np.zeros((1, 3, 9, 16, 16), np.float32)
+    layout = preview.Layout(len(preview.frame_indices(5)), len(preview.frame_indices(9)))
+    tiles = [layout.tile("decode", 2, column) for column in range(layout.decode_frames)]
     for hottest in range(9):
         got = expected + 0.1
         got[0, 1, hottest, 7, 9] = 0.5
         path = tmp_path / f"{hottest}.png"
         preview.write(path, clip, (clip, clip), (got, expected))
-        layout = preview.Layout(len(preview.frame_indices(5)), len(preview.frame_indices(9)))
         pixels = np.asarray(Image.open(path).convert("RGB"))
-        tiles = [layout.tile("decode", 2, column) for column in range(layout.decode_frames)]
         heat = np.concatenate([pixels[y : y + preview.TILE, x : x + preview.TILE].reshape(-1, 3) for x, y in tiles])
         assert (heat == preview.heat_colours(np.array(1.0))).all(axis=1).any(), hottest
