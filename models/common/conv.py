@@ -78,7 +78,7 @@ def cpu_conv(
             return xla_conv()
         return winograd_conv(lhs[:, None], rhs[None], tuple(padding[1]), **plain)[:, 0]
     if (
-        rhs.shape[0] == 1
+        rhs.shape[:3] == (1, 1, 1)
         or tuple(padding[0]) != (0, 0)
         or window_strides[0] != 1
         or not _undilated(lhs_dilation, rhs_dilation)

@@ -49,9 +49,25 @@ class WanCausalConv3d(nnx.Conv):
     def __call__(self, x, cache=None):
         # x: (B, T, H, W, C); cache: (B, CACHE_T, H, W, C) of earlier frames, or None for none (zeros).
         if cache is None:
-            cache = jnp.zeros((x.shape[0], CACHE_T, *x.shape[2:]), x.dtype)
+            zeros = jnp.zeros((x.shape[0], CACHE_T, *x.shape[2:]), x.dtype)
+            return self._after_zeros(x), jnp.concatenate([zeros, x], axis=1)[:, -CACHE_T:]
         x = jnp.concatenate([cache, x], axis=1)
         return super().__call__(x[:, CACHE_T - self.history :]), x[:, -CACHE_T:]
+
+    def _after_zeros(self, x):
+        """The convolution of x after `history` zero frames, without their products: an output frame whose window
+        starts among the zeros is taken with only the kernel's taps that reach x (a video's first chunk, an image,
+        costs a third of the products)."""
+        taps, zeros = self.kernel_size[0], self.history
+        frames = x.shape[1] + zeros - taps + 1
+        head = [self._conv(x[:, : j + taps - zeros], self.kernel[zeros - j :]) for j in range(min(zeros, frames))]
+        return jnp.concatenate([*head, super().__call__(x)] if x.shape[1] >= taps else head, axis=1)
+
+    def _conv(self, x, kernel):
+        """This layer's convolution of x by `kernel`, some of its time taps."""
+        x, kernel, bias = self.promote_dtype((x, kernel, self.bias[...]), dtype=self.dtype)
+        dimension_numbers = ("NDHWC", "DHWIO", "NDHWC")
+        return self.conv_general_dilated(x, kernel, (1, 1, 1), self.padding, dimension_numbers=dimension_numbers) + bias
 
 
 def _conv(in_channels, out_channels, kernel_size, *, rngs, param_dtype, **kwargs):

@@ -38,11 +38,24 @@ class WanCausalConv3d(nn.Conv3d):
         # XLA's, and the activations are read once, in order.
         if self.history == 0:
             return super().forward(x)
-        x = x.permute(0, 2, 3, 4, 1)
         if cache is None:
-            cache = x.new_zeros((x.shape[0], CACHE_T, *x.shape[2:]))
-        x = torch.cat([cache, x], dim=1)
+            last = x.permute(0, 2, 3, 4, 1)
+            zeros = last.new_zeros((x.shape[0], CACHE_T, *last.shape[2:]))
+            return self._after_zeros(x), torch.cat([zeros, last], dim=1)[:, -CACHE_T:]
+        x = torch.cat([cache, x.permute(0, 2, 3, 4, 1)], dim=1)
         return super().forward(x[:, CACHE_T - self.history :].permute(0, 4, 1, 2, 3)), x[:, -CACHE_T:]
+
+    def _after_zeros(self, x):
+        """The convolution of x (B, C, T, H, W) after `history` zero frames, without their products: an output frame
+        whose window starts among the zeros is taken with only the kernel's taps that reach x (a video's first
+        chunk, an image, costs a third of the products)."""
+        taps, zeros = self.kernel_size[0], self.history
+        frames = x.shape[2] + zeros - taps + 1
+        head = [
+            F.conv3d(x[:, :, : j + taps - zeros], self.weight[:, :, zeros - j :], self.bias, padding=self.padding)
+            for j in range(min(zeros, frames))
+        ]
+        return torch.cat([*head, super().forward(x)] if x.shape[2] >= taps else head, dim=2)
 
 
 class WanRMS_norm(nn.Module):
