@@ -170,10 +170,10 @@ def task_run(impl: str, path: str, latent: list, video: list, cache: str | None)
 
 
 def task_steady(paths: dict, latent: list, video: list, cache: str, rounds: int) -> dict:
-    """Steady calls of every implementation in one process, taking turns: each round decodes (then encodes) once
-    with each, starting with the next one each round, so a change in the machine's speed, which between processes
-    is larger than the gaps measured, reaches them all alike. {impl: {"decode": best, "encode": best}}; the Flax
-    steps come from the flax run's compilation cache."""
+    """Steady calls of every implementation in one process, taking turns: each round decodes (then encodes) twice
+    with each, timing the second, starting with the next one each round, so a change in the machine's speed, which
+    between processes is larger than the gaps measured, reaches them all alike. {impl: {"decode": best, "encode":
+    best}}; the Flax steps come from the flax run's compilation cache."""
     import converter
 
     converter.enable_compile_cache(cache)
@@ -188,6 +188,9 @@ def task_steady(paths: dict, latent: list, video: list, cache: str, rounds: int)
     for r in range(rounds):
         for i, part in enumerate(("decode", "encode")):
             for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
+                # each timed call follows one of its own: right after another implementation's, the memory and
+                # caches it left slow the next one down (README, Performance)
+                calls[impl][i]()
                 best[impl][part] = min(best[impl][part], _seconds_of(calls[impl][i]))
     return best
 
@@ -534,7 +537,7 @@ def markdown(results: dict) -> str:
     lines += [
         "",
         "first = first call in a fresh process (compiles for jitted models); steady = best of "
-        f"{STEADY_ROUNDS} later calls, the implementations taking turns in one process; "
+        f"{STEADY_ROUNDS} later calls, each after one of its own, the implementations taking turns in one process; "
         "flax: its first call also writes the steps into an empty persistent compilation cache; "
         "flax+cache = first call in another process finding them there (its steady calls are flax's); "
         "the last column is diffusers' steady decode time over this one's (above 1 is faster).",
