@@ -391,6 +391,9 @@ def _vae_convert(*args):
     subprocess.run([sys.executable, "-m", "converter", *map(str, args)], cwd=REPO, check=True, capture_output=True)
 
 
+FLAX_SAFETENSORS = ("--to", "flax", "--format", "safetensors", "--no-validate")
+
+
 def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str]) -> dict:
     latent, video = shapes
     _SPENT.clear()
@@ -409,9 +412,12 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
             "convert", source=str(source), out=str(work / f"{model}-{target}"), model=model, target=target
         )
     result["convert"]["naive"] = _task("naive", source=str(source), out=str(work / f"{model}-naive"), model=model)
+    flax_safetensors = work / f"{model}-flax-safetensors"  # for its load only: it converts as torchax does
+    _vae_convert("convert", model, "--source", source, "--out", flax_safetensors, *FLAX_SAFETENSORS)
     result["load"] = {
         "flax": _task("load", path=str(work / f"{model}-flax"), how="vae-convert"),
         "flax parts": _task("load", path=str(work / f"{model}-flax"), how="parts"),
+        "flax safetensors": _task("load", path=str(flax_safetensors), how="vae-convert"),
         "torchax": _task("load", path=str(work / f"{model}-torchax"), how="vae-convert"),
     }
     if _has_diffusers():
@@ -501,23 +507,24 @@ def markdown(results: dict) -> str:
         )
     lines += ["", "Conversion time is after imports; memory is peak RSS above the process's RSS after imports.", ""]
     lines += [
-        "| model | load flax (Orbax) | its parts: structure, weights, build | load torchax | diffusers "
-        "from_pretrained |",
-        "|---|---|---|---|---|",
+        "| model | load flax (Orbax) | its parts: structure, weights, build | load flax (safetensors) | "
+        "load torchax | diffusers from_pretrained |",
+        "|---|---|---|---|---|---|",
     ]
     for model, r in results["models"].items():
         load, parts = r["load"], r["load"]["flax parts"]
         diffusers = f"{load['diffusers']['seconds']:.2f} s" if "diffusers" in load else "-"
         lines.append(
             f"| {model} | {load['flax']['seconds']:.2f} s | {parts['structure']:.2f} s, {parts['weights']:.2f} s, "
-            f"{parts['build']:.2f} s | {load['torchax']['seconds']:.2f} s | {diffusers} |"
+            f"{parts['build']:.2f} s | {load['flax safetensors']['seconds']:.2f} s | "
+            f"{load['torchax']['seconds']:.2f} s | {diffusers} |"
         )
     lines += [
         "",
         "Seconds from an output folder to a ready model, after imports (the model code included). Parts of the "
         "Flax load: the abstract model (nnx.eval_shape), reading the weights (the Orbax checkpoint's leaves, "
-        "through TensorStore), placing them (on CPU in place) and building the model. The torchax load and "
-        "from_pretrained both map the safetensors file: its pages are read on first use.",
+        "through TensorStore), placing them (on CPU in place) and building the model. The safetensors loads (flax "
+        "with `--format safetensors`, torchax) and from_pretrained map the file: its pages are read on first use.",
         "",
     ]
     lines += [

@@ -32,6 +32,7 @@ DTYPES = {
 }
 CODES = {dtype: code for code, dtype in DTYPES.items()}
 MAX_HEADER = 100 * 1024 * 1024
+ALIGNMENT = 64
 
 
 def nbytes(shape: tuple[int, ...], dtype) -> int:
@@ -130,11 +131,15 @@ class SafetensorsFile:
 
 
 class SafetensorsWriter:
-    """Writes a file whose tensors are all declared up front; `write` then takes them in declared order."""
+    """Writes a file whose tensors are all declared up front; `write` then takes them in any order.
+
+    Every tensor whose size is a multiple of 64 bytes (all but a few small ones) starts 64-byte aligned in the file,
+    the alignment JAX on CPU needs to use a mapped tensor in place instead of copying it."""
 
     def __init__(self, path: Path, specs: dict[str, tuple[tuple[int, ...], np.dtype]], metadata: dict[str, str]):
         header, offset = {"__metadata__": metadata}, 0
-        for name, (shape, dtype) in specs.items():
+        # the format allows no gaps between tensors, so the aligned sizes go first, the others after them
+        for name, (shape, dtype) in sorted(specs.items(), key=lambda item: nbytes(*item[1]) % ALIGNMENT != 0):
             size = nbytes(shape, dtype)
             header[name] = {
                 "dtype": CODES[np.dtype(dtype)],
@@ -143,14 +148,17 @@ class SafetensorsWriter:
             }
             offset += size
         encoded = json.dumps(header, separators=(",", ":")).encode()
-        encoded += b" " * (-len(encoded) % 8)  # data starts 8-byte aligned, as the reference writer does
-        self._pending = list(specs.items())
+        encoded += b" " * (-(8 + len(encoded)) % ALIGNMENT)  # trailing spaces, as the format allows
+        self._data_start = 8 + len(encoded)
+        self._pending = {name: (tuple(shape), np.dtype(dtype)) for name, (shape, dtype) in specs.items()}
+        self._offsets = {name: header[name]["data_offsets"][0] for name in specs}
         self._file = open(path, "wb")
         self._file.write(struct.pack("<Q", len(encoded)) + encoded)
 
     def write(self, name: str, array: np.ndarray):
-        expected_name, (shape, dtype) = self._pending.pop(0)
-        assert name == expected_name and array.shape == tuple(shape) and array.dtype == dtype, (name, expected_name)
+        shape, dtype = self._pending.pop(name)
+        assert array.shape == shape and array.dtype == dtype, (name, array.shape, array.dtype, shape, dtype)
+        self._file.seek(self._data_start + self._offsets[name])
         self._file.write(
             np.ascontiguousarray(array).reshape(-1).view(np.uint8).data
         )  # bytes view: bf16 has no buffer code

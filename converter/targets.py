@@ -103,7 +103,7 @@ class FlaxTarget(Target):
     def read_weights(self, out_dir, fmt):
         path = _weights_path(out_dir, self.weight_files[fmt])
         if fmt == "safetensors":
-            weights = SafetensorsFile(path)
+            weights = SafetensorsFile(path)  # mapped: `build` makes its pages the leaves, read on first use
             return {target_path(k): weights[k] for k in weights.keys()}
         import jax
         import orbax.checkpoint.experimental.v1 as ocp
@@ -142,7 +142,7 @@ class FlaxTarget(Target):
                 raise InputError(
                     f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}"
                 )
-        # on CPU, the 64-byte-aligned buffers of the Orbax reader are taken as they are, not copied
+        # on CPU, 64-byte-aligned buffers (the Orbax reader's, the written safetensors' tensors) are used in place
         state = nnx.from_flat_state(
             [(p, variable.replace(jax.device_put(weights[p], sharding))) for p, variable in flat]
         )

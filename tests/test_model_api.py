@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import os
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
+from flax import nnx
 
 import converter
 from converter.errors import InputError
@@ -22,6 +24,18 @@ def outputs(wan_small, tmp_path_factory):
     source, _ = wan_small
     root = tmp_path_factory.mktemp("api")
     run_cli("wan2.1", "--source", source, "--to", "flax", "--out", root / "flax", "--no-validate")
+    run_cli(
+        "wan2.1",
+        "--source",
+        source,
+        "--to",
+        "flax",
+        "--format",
+        "safetensors",
+        "--out",
+        root / "flax-st",
+        "--no-validate",
+    )
     run_cli(
         "wan2.1", "--source", source, "--to", "torchax", "--dtype", "bfloat16", "--out", root / "tx", "--no-validate"
     )
@@ -37,6 +51,26 @@ def test_load_takes_a_relative_path_from_any_working_directory(outputs, tmp_path
         vae = converter.load(os.path.relpath(outputs / "flax", elsewhere))
     finally:
         os.chdir(before)
+    assert vae.decode(np.zeros((1, 1, 2, 2, 4), np.float32)).shape == (1, 1, 16, 16, 3)
+
+
+def test_flax_safetensors_output_is_used_in_place(outputs):
+    """Loading maps the file and its tensors become the model's parameters, read on first use, not copied: the
+    writer starts each one whose size is a multiple of 64 bytes 64-byte aligned, as JAX on CPU needs to take a
+    buffer as it is (the others, a few small ones, are copied)."""
+    path = outputs / "flax-st" / "flax_model.safetensors"
+    vae = converter.load(outputs / "flax-st")
+    with open("/proc/self/maps") as maps:
+        spans = [
+            [int(address, 16) for address in line.split()[0].split("-")]
+            for line in maps
+            if line.rstrip().endswith(str(path))
+        ]
+    leaves = jax.tree.leaves(nnx.state(vae))
+    in_place = [any(start <= leaf.unsafe_buffer_pointer() < end for start, end in spans) for leaf in leaves]
+    assert spans and len(leaves) > 50
+    assert all(mapped for mapped, leaf in zip(in_place, leaves) if leaf.nbytes % 64 == 0)
+    assert sum(leaf.nbytes for mapped, leaf in zip(in_place, leaves) if mapped) > 0.95 * sum(x.nbytes for x in leaves)
     assert vae.decode(np.zeros((1, 1, 2, 2, 4), np.float32)).shape == (1, 1, 16, 16, 3)
 
 
