@@ -405,13 +405,13 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     started = time.perf_counter()
     shutil.copyfile(weights, work / "copy.safetensors")
     copy_s = time.perf_counter() - started
+    (work / "copy.safetensors").unlink()
     _SPENT["checkpoint"] = time.perf_counter() - made
     result = {"checkpoint_mb": size_mb, "copy_seconds": copy_s, "convert": {}, "run": {}}
     for target in ("flax", "torchax"):
         result["convert"][target] = _task(
             "convert", source=str(source), out=str(work / f"{model}-{target}"), model=model, target=target
         )
-    result["convert"]["naive"] = _task("naive", source=str(source), out=str(work / f"{model}-naive"), model=model)
     flax_safetensors = work / f"{model}-flax-safetensors"  # for its load only: it converts as torchax does
     _vae_convert("convert", model, "--source", source, "--out", flax_safetensors, *FLAX_SAFETENSORS)
     result["load"] = {
@@ -422,6 +422,8 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     }
     if _has_diffusers():
         result["load"]["diffusers"] = _task("load", path=str(work / f"{model}-torchax"), how="diffusers")
+    # after the loads: the naive script's memory would push the outputs out of the page cache before them
+    result["convert"]["naive"] = _task("naive", source=str(source), out=str(work / f"{model}-naive"), model=model)
     cache = work / f"{model}-jax-cache"
     # the eager reference: diffusers, or the torchax output's own PyTorch model run eagerly (smoke, no diffusers)
     eager = "diffusers" if _has_diffusers() and not smoke else "torch"
@@ -632,7 +634,10 @@ def main():
         for model in args.models or list(measured):
             print(f"measuring {model} ...", file=sys.stderr)
             layouts = args.layouts if args.layouts is not None else SMOKE_LAYOUTS if args.smoke else list(LAYOUTS)
-            results["models"][model] = measure_model(model, measured[model], Path(work), args.smoke, layouts)
+            model_work = Path(work) / model
+            model_work.mkdir()
+            results["models"][model] = measure_model(model, measured[model], model_work, args.smoke, layouts)
+            shutil.rmtree(model_work)  # its files would crowd the next model's out of the page cache
     args.out.mkdir(parents=True, exist_ok=True)
     name = "smoke" if args.smoke else "latest"
     (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
