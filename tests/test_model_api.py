@@ -1,6 +1,6 @@
-"""The Python API: `converter.load` takes relative paths and fails on a damaged output with one clear error, the
-models check their inputs with one clear ValueError, and the README's torchax snippet works as written for a bfloat16
-output."""
+"""The Python API: `converter.load` takes relative paths, uses a Flax safetensors output's mapped tensors in place,
+and fails on a damaged output with one clear error, the models check their inputs with one clear ValueError, and
+the README's torchax snippet works as written for a bfloat16 output."""
 
 from __future__ import annotations
 
