@@ -422,7 +422,7 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     }
     if _has_diffusers():
         result["load"]["diffusers"] = _task("load", path=str(work / f"{model}-torchax"), how="diffusers")
-    # after the loads: the naive script's memory would push the outputs out of the page cache before them
+    # after the loads, which find the outputs as the conversions left them, with no other process's memory between
     result["convert"]["naive"] = _task("naive", source=str(source), out=str(work / f"{model}-naive"), model=model)
     cache = work / f"{model}-jax-cache"
     # the eager reference: diffusers, or the torchax output's own PyTorch model run eagerly (smoke, no diffusers)
