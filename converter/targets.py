@@ -15,8 +15,13 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import hashlib
 import json
 import math
+import os
+import pickle
+import sys
+import warnings
 from pathlib import Path
 
 import ml_dtypes
@@ -34,6 +39,7 @@ from converter.safetensors_io import SafetensorsFile, SafetensorsWriter, nbytes
 ORBAX_GROUPS = 8
 ORBAX_MIN_GROUP_BYTES = 32 * 2**20
 ORBAX_ITEM = "state"  # the name partial saves give the one PyTree in the checkpoint
+STRUCTURE_CACHE = "vae-convert-structures"  # a folder in JAX's persistent compilation cache directory
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 
 
@@ -142,10 +148,10 @@ class FlaxTarget(Target):
                 raise InputError(
                     f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}"
                 )
-        # on CPU, 64-byte-aligned buffers (the Orbax reader's, the written safetensors' tensors) are used in place
-        state = nnx.from_flat_state(
-            [(p, variable.replace(jax.device_put(weights[p], sharding))) for p, variable in flat]
-        )
+        # one call places them all; on CPU, 64-byte-aligned buffers (the Orbax reader's, the written safetensors'
+        # tensors) are used in place
+        arrays = jax.device_put([weights[p] for p, _ in flat], sharding)
+        state = nnx.from_flat_state([(p, variable.replace(a)) for (p, variable), a in zip(flat, arrays)])
         return nnx.merge(graphdef, state)
 
     def runner(self, model):
@@ -184,11 +190,72 @@ class TorchaxTarget(Target):
 
 @functools.lru_cache(maxsize=8)
 def _flax_abstract(family_name: str, config, dtype: np.dtype):
+    """Made once per process and, while JAX's persistent compilation cache is on (converter.enable_compile_cache),
+    kept beside it for later processes: building Flax's modules is most of a load that maps its weights."""
     import jax.numpy as jnp
     from flax import nnx
 
+    entry = _structure_entry(family_name, config, dtype)
+    if entry is not None and (structure := _read_structure(entry)) is not None:
+        return structure
     cls = FAMILIES[family_name].flax_model()
-    return nnx.split(nnx.eval_shape(lambda: cls(config, rngs=_NoKeys(), param_dtype=jnp.dtype(dtype))))
+    structure = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=_NoKeys(), param_dtype=jnp.dtype(dtype))))
+    if entry is not None:
+        _write_structure(entry, structure)
+    return structure
+
+
+def _structure_entry(family_name: str, config, dtype: np.dtype) -> Path | None:
+    """The cache file of one abstract model, named by all it is made from: the config, the dtype, the model code, and
+    the Flax, JAX and Python whose objects it pickles. None while no persistent cache is on."""
+    import flax
+    import jax
+
+    directory = jax.config.jax_compilation_cache_dir
+    if not directory:
+        return None
+    made_from = (family_name, config, dtype.name, flax.__version__, jax.__version__, sys.version_info[:2])
+    key = hashlib.sha256(repr((made_from, _models_digest())).encode()).hexdigest()
+    return Path(directory) / STRUCTURE_CACHE / f"{key}.pickle"
+
+
+@functools.cache
+def _models_digest() -> str:
+    """A digest of the model code's files."""
+    import converter.models
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(converter.models.__file__).parent.rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def _read_structure(entry: Path):
+    """A kept (graphdef, abstract state), or None when there is none or it is damaged (it is then made anew)."""
+    from flax import nnx
+
+    try:
+        structure = pickle.loads(entry.read_bytes())
+    except Exception:  # missing, truncated or foreign: unpickling raises any of a dozen types
+        return None
+    kept = isinstance(structure, tuple) and len(structure) == 2
+    return (
+        structure if kept and isinstance(structure[0], nnx.GraphDef) and isinstance(structure[1], nnx.State) else None
+    )
+
+
+def _write_structure(entry: Path, structure) -> None:
+    """Keeps a structure whole or not at all (another process may be reading the entry); a cache that cannot be
+    written is warned of, not fatal."""
+    temporary = entry.with_name(f".{entry.name}.{os.getpid()}")
+    try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
+        temporary.write_bytes(pickle.dumps(structure))
+        os.replace(temporary, entry)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
+        warnings.warn(f"vae-convert: the model structure is not kept in {entry.parent} ({e})", stacklevel=2)
 
 
 class _NoKeys:
