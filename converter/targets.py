@@ -17,7 +17,9 @@ import functools
 import gc
 import hashlib
 import json
+import logging
 import math
+import mmap
 import os
 import pickle
 import sys
@@ -39,6 +41,10 @@ from converter.safetensors_io import SafetensorsFile, SafetensorsWriter, nbytes
 ORBAX_GROUPS = 8
 ORBAX_MIN_GROUP_BYTES = 32 * 2**20
 ORBAX_ITEM = "state"  # the name partial saves give the one PyTree in the checkpoint
+# How Orbax lays the checkpoint out: each leaf a zarr (v2) array in a folder of its own, its bytes uncompressed in one
+# file, which a load maps (OCDBT, Orbax's default, packs them into shared files at offsets JAX would copy from; zstd
+# gains little on trained float weights and slows every load).
+ORBAX_SAVING = {"use_ocdbt": False, "use_zarr3": False, "use_compression": False}
 STRUCTURE_CACHE = "vae-convert-structures"  # a folder in JAX's persistent compilation cache directory
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 
@@ -111,19 +117,8 @@ class FlaxTarget(Target):
         if fmt == "safetensors":
             weights = SafetensorsFile(path)  # mapped: `build` makes its pages the leaves, read on first use
             return {target_path(k): weights[k] for k in weights.keys()}
-        import jax
-        import orbax.checkpoint.experimental.v1 as ocp
-
         try:
-            saved = ocp.metadata(path, checkpointable_name=ORBAX_ITEM).metadata
-            # Orbax names each leaf by its dotted path, list positions as text
-            leaves = {
-                ".".join(str(getattr(k, "key", getattr(k, "idx", None))) for k in p): (tuple(leaf.shape), leaf.dtype)
-                for p, leaf in jax.tree_util.tree_leaves_with_path(saved)
-            }
-            if not leaves:  # Orbax logs what it could not find and returns no tree
-                raise InputError(f"{path}: not a readable Orbax checkpoint (no arrays found in it)")
-            arrays = _read_orbax_leaves(path / ORBAX_ITEM, leaves)
+            arrays = _mapped_leaves(path / ORBAX_ITEM) or _read_ocdbt_leaves(path)
         except InputError:
             raise
         except Exception as e:  # Orbax and TensorStore raise their own error types for a damaged or foreign layout
@@ -267,11 +262,58 @@ class _NoKeys:
         return None
 
 
-def _read_orbax_leaves(item_dir: Path, leaves: dict[str, tuple]) -> dict[str, np.ndarray]:
-    """{dotted name: (shape, dtype)} -> the checkpoint's leaves, read by TensorStore straight into 64-byte-aligned
-    buffers, which JAX on CPU then uses without a copy (Orbax's own reader fills buffers of its own and copies each
-    into JAX's: twice the memory traffic). The layout is the one OrbaxWriter writes with the pinned Orbax: one OCDBT
-    store, a zarr3 array per leaf named by its dotted path."""
+def _mapped_leaves(item_dir: Path) -> dict[str, np.ndarray]:
+    """{dotted name: array} of a checkpoint in OrbaxWriter's layout (ORBAX_SAVING; the pinned Orbax names each leaf's
+    folder by its dotted path, list positions as numbers), each leaf's data file mapped as the array: page-aligned,
+    so JAX on CPU takes it as it is and its pages are read on first use, as from_pretrained does. Empty for other
+    layouts."""
+    return {folder.name: _mapped_leaf(folder) for folder in (p.parent for p in item_dir.glob("*/.zarray"))}
+
+
+_ZARR_DTYPES = {"<f4": np.dtype(np.float32), "<f2": np.dtype(np.float16), "bfloat16": DTYPES["bfloat16"]}
+
+
+def _mapped_leaf(folder: Path) -> np.ndarray:
+    """One leaf's data file mapped as the array its .zarray describes: one uncompressed chunk in C order holding the
+    whole array, as Orbax writes it with ORBAX_SAVING. A missing or cut data file is damage (Orbax writes every
+    chunk, zeros too), not zarr's fill value."""
+    meta = json.loads((folder / ".zarray").read_bytes())
+    shape, dtype = tuple(meta.get("shape", ())), _ZARR_DTYPES.get(meta.get("dtype"))
+    plain = {"chunks": list(shape), "compressor": None, "filters": None, "order": "C", "zarr_format": 2}
+    if dtype is None or any(meta.get(k) != v for k, v in plain.items()):
+        raise ValueError(f"{folder.name}: not laid out as vae-convert writes it ({folder / '.zarray'})")
+    size = nbytes(shape, dtype)
+    try:
+        with open(folder / meta.get("dimension_separator", ".").join(["0"] * len(shape)), "rb") as f:
+            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):  # mmap raises ValueError for an empty file
+        raise ValueError(f"{folder.name}: its data file is missing or empty") from None
+    if len(data) != size:
+        raise ValueError(f"{folder.name}: its data file holds {len(data)} bytes, the array {size}")
+    return np.frombuffer(data, dtype, math.prod(shape)).reshape(shape)
+
+
+def _read_ocdbt_leaves(path: Path) -> dict[str, np.ndarray]:
+    """{dotted name: array} of an OCDBT checkpoint of zarr3 arrays (Orbax's default layout, which earlier versions
+    wrote), found through Orbax's metadata."""
+    import jax
+    import orbax.checkpoint.experimental.v1 as ocp
+
+    saved = ocp.metadata(path, checkpointable_name=ORBAX_ITEM).metadata
+    # Orbax names each leaf by its dotted path, list positions as text
+    leaves = {
+        ".".join(str(getattr(k, "key", getattr(k, "idx", None))) for k in p): (tuple(leaf.shape), leaf.dtype)
+        for p, leaf in jax.tree_util.tree_leaves_with_path(saved)
+    }
+    if not leaves:  # Orbax logs what it could not find and returns no tree
+        raise InputError(f"{path}: not a readable Orbax checkpoint (no arrays found in it)")
+    return _read_through_tensorstore(path / ORBAX_ITEM, leaves)
+
+
+def _read_through_tensorstore(item_dir: Path, leaves: dict[str, tuple]) -> dict[str, np.ndarray]:
+    """{dotted name: (shape, dtype)} -> the leaves, read by TensorStore straight into 64-byte-aligned buffers, which
+    JAX on CPU then uses without a copy (Orbax's own reader fills buffers of its own and copies each into JAX's:
+    twice the memory traffic)."""
     import tensorstore as ts
 
     context, store = ts.Context(), {"driver": "ocdbt", "base": {"driver": "file", "path": f"{item_dir.resolve()}/"}}
@@ -430,8 +472,8 @@ class OrbaxWriter:
 
         if self.group:
             context = ocp.Context()
-            # uncompressed: zstd gains little on trained float weights and slows every load
-            context.array.saving.use_compression = False
+            for option, value in ORBAX_SAVING.items():
+                setattr(context.array.saving, option, value)
             with context:
                 partial.save(self.path, nested(self.group), custom_metadata=self.metadata)
         self.group, self.group_bytes = {}, 0
@@ -440,7 +482,24 @@ class OrbaxWriter:
         from orbax.checkpoint.experimental.v1 import partial
 
         self._save_group()
-        partial.finalize(self.path)
+        with _orbax_merge_note_hidden():
+            partial.finalize(self.path)
+
+
+@contextlib.contextmanager
+def _orbax_merge_note_hidden():
+    """Orbax's finalize merges per-process OCDBT stores and, finding none (none are written), logs a warning that
+    would reach the user's terminal; nothing else it logs is hidden."""
+
+    def keep(record):
+        return not str(record.msg).startswith("[process=%s][thread=%s] Skipping merge of OCDBT checkpoints")
+
+    logger = logging.getLogger("absl")
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 class FlaxRunner:

@@ -1,10 +1,13 @@
-"""The Python API: `converter.load` takes relative paths, uses a Flax safetensors output's mapped tensors in place,
-and fails on a damaged output with one clear error, the models check their inputs with one clear ValueError, and
-the README's torchax snippet works as written for a bfloat16 output."""
+"""The Python API: `converter.load` takes relative paths, uses a Flax output's mapped files in place (Orbax and
+safetensors), still loads the OCDBT checkpoints earlier versions wrote, and fails on a damaged output with one clear
+error; Orbax's own loader reads the output as the README says; the models check their inputs with one clear
+ValueError, and the README's torchax snippet works as written for a bfloat16 output."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +17,7 @@ import torch
 from flax import nnx
 
 import converter
+from converter import targets
 from converter.errors import InputError
 from converter.torchax_runtime import compile_model, to_jax_tensor
 from tests.helpers import run_cli
@@ -39,7 +43,14 @@ def outputs(wan_small, tmp_path_factory):
     run_cli(
         "wan2.1", "--source", source, "--to", "torchax", "--dtype", "bfloat16", "--out", root / "tx", "--no-validate"
     )
+    # what earlier versions wrote: Orbax's default layout, one OCDBT store of zarr3 arrays
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(targets, "ORBAX_SAVING", {"use_ocdbt": True, "use_zarr3": True, "use_compression": False})
+        converter.save(converter.load(root / "flax"), root / "flax-ocdbt")
     return root
+
+
+LATENT = np.linspace(-1, 1, 3 * 2 * 2 * 4, dtype=np.float32).reshape(1, 3, 2, 2, 4)
 
 
 def test_load_takes_a_relative_path_from_any_working_directory(outputs, tmp_path):
@@ -54,17 +65,18 @@ def test_load_takes_a_relative_path_from_any_working_directory(outputs, tmp_path
     assert vae.decode(np.zeros((1, 1, 2, 2, 4), np.float32)).shape == (1, 1, 16, 16, 3)
 
 
-def test_flax_safetensors_output_is_used_in_place(outputs):
-    """Loading maps the file and its tensors become the model's parameters, read on first use, not copied: the
-    writer starts each one whose size is a multiple of 64 bytes 64-byte aligned, as JAX on CPU needs to take a
-    buffer as it is (the others, a few small ones, are copied)."""
-    path = outputs / "flax-st" / "flax_model.safetensors"
-    vae = converter.load(outputs / "flax-st")
+@pytest.mark.parametrize("name", ["flax", "flax-st"])
+def test_flax_output_is_used_in_place(outputs, name):
+    """Loading maps the weights' files and their bytes become the model's parameters, read on first use, not copied:
+    the Orbax output holds each leaf's bytes in a file of their own, the safetensors writer starts each tensor whose
+    size is a multiple of 64 bytes 64-byte aligned, as JAX on CPU needs to take a buffer as it is (the others, a few
+    small ones, are copied)."""
+    vae = converter.load(outputs / name)
     with open("/proc/self/maps") as maps:
         spans = [
             [int(address, 16) for address in line.split()[0].split("-")]
             for line in maps
-            if line.rstrip().endswith(str(path))
+            if line.split()[-1].startswith(f"{outputs / name}/")
         ]
     leaves = jax.tree.leaves(nnx.state(vae))
     in_place = [any(start <= leaf.unsafe_buffer_pointer() < end for start, end in spans) for leaf in leaves]
@@ -95,30 +107,61 @@ def test_load_leaves_the_garbage_collector_as_it_found_it(outputs, tmp_path, col
 
 
 def test_flax_output_without_its_state_is_one_clear_error(outputs, tmp_path):
-    import shutil
-
     shutil.copytree(outputs / "flax", tmp_path / "broken")
     shutil.rmtree(tmp_path / "broken" / "state")
     with pytest.raises(InputError, match="state is missing"):
         converter.load(tmp_path / "broken")
 
 
-@pytest.mark.parametrize("damage", ["largest data file truncated", "largest data file removed", "manifest removed"])
-def test_damaged_flax_state_is_one_clear_error(outputs, tmp_path, damage):
-    """A damaged Orbax checkpoint fails the load with one InputError naming it, whichever of its files is hit."""
-    import shutil
-
-    shutil.copytree(outputs / "flax", tmp_path / "broken")
+@pytest.mark.parametrize(
+    "layout, damage",
+    [
+        ("flax", "largest data file truncated"),
+        ("flax", "largest data file removed"),
+        ("flax", "its .zarray says compressed"),
+        ("flax-ocdbt", "largest data file truncated"),
+        ("flax-ocdbt", "largest data file removed"),
+        ("flax-ocdbt", "manifest removed"),
+    ],
+)
+def test_damaged_flax_state_is_one_clear_error(outputs, tmp_path, layout, damage):
+    """A damaged Orbax checkpoint, as this version or earlier ones wrote it, fails the load with one InputError
+    naming it, whichever of its files is hit."""
+    shutil.copytree(outputs / layout, tmp_path / "broken")
     item = tmp_path / "broken" / "state" / "state"
-    data = max((p for p in item.rglob("d/*") if p.is_file()), key=lambda p: p.stat().st_size)
+    data = max((p for p in item.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
     if damage == "largest data file truncated":
         data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
     elif damage == "largest data file removed":
         data.unlink()
-    else:
+    elif damage == "manifest removed":
         (item / "manifest.ocdbt").unlink()
+    else:
+        meta = json.loads((data.parent / ".zarray").read_text())
+        (data.parent / ".zarray").write_text(json.dumps({**meta, "compressor": {"id": "zstd", "level": 1}}))
     with pytest.raises(InputError, match=r"state: not a readable Orbax checkpoint \(.+\)$"):
         converter.load(tmp_path / "broken")
+
+
+def test_an_ocdbt_output_of_earlier_versions_loads_the_same(outputs):
+    assert (outputs / "flax-ocdbt" / "state" / "state" / "manifest.ocdbt").exists()
+    earlier, now = converter.load(outputs / "flax-ocdbt"), converter.load(outputs / "flax")
+    np.testing.assert_array_equal(earlier.decode(LATENT), now.decode(LATENT))
+
+
+def test_orbax_reads_the_flax_output_as_the_readme_says(outputs, caplog):
+    """Without this tool, Orbax's own loader reads the state, the same values, and warns of nothing."""
+    import orbax.checkpoint.experimental.v1 as ocp
+
+    state = nnx.to_pure_dict(nnx.state(converter.load(outputs / "flax")))
+    device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device), state)
+    with caplog.at_level("WARNING"):
+        loaded = ocp.load(outputs / "flax" / "state", abstract, checkpointable_name="state")
+    assert not caplog.records
+    assert jax.tree.structure(loaded) == jax.tree.structure(state)
+    for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(state)):
+        np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize(
