@@ -532,11 +532,10 @@ def markdown(results: dict) -> str:
     lines += [
         "",
         "Seconds from an output folder to a ready model, after imports (the model code included). Parts of the "
-        "Flax load: the abstract model (nnx.eval_shape), reading the weights (the Orbax checkpoint's leaves, "
-        "through TensorStore), placing them (on CPU in place) and building the model. The safetensors loads (flax "
-        "with `--format safetensors`, torchax) and from_pretrained map the file: its pages are read on first use. "
-        "Structure kept: the two Flax loads in a process that finds the abstract model kept by an earlier load "
-        "in the persistent cache (`VAE_CONVERT_COMPILE_CACHE`).",
+        "Flax load: the abstract model (nnx.eval_shape), the weights (each Orbax leaf's data file mapped), placing "
+        "them (on CPU in place) and building the model. Every load here maps the weights, as from_pretrained does: "
+        "their pages are read on first use. Structure kept: the two Flax loads in a process that finds the "
+        "abstract model kept by an earlier load in the persistent cache (`VAE_CONVERT_COMPILE_CACHE`).",
         "",
     ]
     lines += [
