@@ -143,8 +143,8 @@ class FlaxTarget(Target):
                 raise InputError(
                     f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}"
                 )
-        # one call places them all; on CPU, 64-byte-aligned buffers (the Orbax reader's, the written safetensors'
-        # tensors) are used in place
+        # one call places them all; on CPU, 64-byte-aligned buffers (the mapped files, TensorStore's reads) are
+        # used in place
         arrays = jax.device_put([weights[p] for p, _ in flat], sharding)
         state = nnx.from_flat_state([(p, variable.replace(a)) for (p, variable), a in zip(flat, arrays)])
         return nnx.merge(graphdef, state)
