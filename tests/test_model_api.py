@@ -149,6 +149,17 @@ def test_an_ocdbt_output_of_earlier_versions_loads_the_same(outputs):
     np.testing.assert_array_equal(earlier.decode(LATENT), now.decode(LATENT))
 
 
+def test_a_model_saves_over_the_output_it_was_loaded_from(outputs, tmp_path):
+    """Its parameters are that output's mapped files: saving over the folder (force) writes a new one beside it and
+    swaps them, so the model in memory and the output written keep the same weights."""
+    shutil.copytree(outputs / "flax", tmp_path / "ckpt")
+    vae = converter.load(tmp_path / "ckpt")
+    before = np.asarray(vae.decode(LATENT))
+    converter.save(vae, tmp_path / "ckpt", force=True)
+    np.testing.assert_array_equal(np.asarray(vae.decode(LATENT)), before)
+    np.testing.assert_array_equal(np.asarray(converter.load(tmp_path / "ckpt").decode(LATENT)), before)
+
+
 def test_orbax_reads_the_flax_output_as_the_readme_says(outputs, caplog):
     """Without this tool, Orbax's own loader reads the state, the same values, and warns of nothing."""
     import orbax.checkpoint.experimental.v1 as ocp
