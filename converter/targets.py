@@ -295,9 +295,12 @@ def _mapped_leaf(folder: Path) -> np.ndarray:
 
 def _read_ocdbt_leaves(path: Path) -> dict[str, np.ndarray]:
     """{dotted name: array} of an OCDBT checkpoint of zarr3 arrays (Orbax's default layout, which earlier versions
-    wrote), found through Orbax's metadata."""
+    wrote), found through Orbax's metadata and read by TensorStore straight into 64-byte-aligned buffers, which JAX
+    on CPU then uses without a copy (Orbax's own reader fills buffers of its own and copies each into JAX's: twice
+    the memory traffic)."""
     import jax
     import orbax.checkpoint.experimental.v1 as ocp
+    import tensorstore as ts
 
     saved = ocp.metadata(path, checkpointable_name=ORBAX_ITEM).metadata
     # Orbax names each leaf by its dotted path, list positions as text
@@ -307,15 +310,7 @@ def _read_ocdbt_leaves(path: Path) -> dict[str, np.ndarray]:
     }
     if not leaves:  # Orbax logs what it could not find and returns no tree
         raise InputError(f"{path}: not a readable Orbax checkpoint (no arrays found in it)")
-    return _read_through_tensorstore(path / ORBAX_ITEM, leaves)
-
-
-def _read_through_tensorstore(item_dir: Path, leaves: dict[str, tuple]) -> dict[str, np.ndarray]:
-    """{dotted name: (shape, dtype)} -> the leaves, read by TensorStore straight into 64-byte-aligned buffers, which
-    JAX on CPU then uses without a copy (Orbax's own reader fills buffers of its own and copies each into JAX's:
-    twice the memory traffic)."""
-    import tensorstore as ts
-
+    item_dir = path / ORBAX_ITEM
     context, store = ts.Context(), {"driver": "ocdbt", "base": {"driver": "file", "path": f"{item_dir.resolve()}/"}}
     opening = {
         name: ts.open({"driver": "zarr3", "kvstore": {**store, "path": f"{name}/"}}, context=context, read=True)
