@@ -16,6 +16,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -117,7 +118,8 @@ def task_naive(source: str, out: str, model: str) -> dict:
 
 def task_load(path: str, how: str) -> dict:
     """Seconds from a converted output to a ready model, after imports: `converter.load` ("vae-convert"), its parts
-    ("parts": the model's abstract structure, reading and placing the weights, building), or
+    ("parts": the model's abstract structure, mapping the weights, JAX starting its backend, placing the weights and
+    building), or
     diffusers' `from_pretrained` of a torchax output (the same weights, in diffusers' format)."""
     import jax
 
@@ -126,10 +128,8 @@ def task_load(path: str, how: str) -> dict:
 
     _import_everything()  # the model code too, as diffusers' class is imported before its from_pretrained
 
-    def ready(model):
-        if hasattr(model, "parameters"):
-            return model
-        return jax.block_until_ready(jax.tree.leaves(__import__("flax").nnx.state(model)))
+    def ready(model):  # a Flax model is a pytree of its arrays
+        return model if hasattr(model, "parameters") else jax.block_until_ready(model)
 
     if how == "diffusers":
         import diffusers
@@ -149,10 +149,16 @@ def task_load(path: str, how: str) -> dict:
         parts["structure"], started = time.perf_counter() - started, time.perf_counter()
         weights = out.target.read_weights(out.path, out.fmt)
         parts["weights"], started = time.perf_counter() - started, time.perf_counter()
+        jax.devices()  # JAX starts its backend on first use, once per process, whatever it is used for
+        parts["jax start"], started = time.perf_counter() - started, time.perf_counter()
         ready(out.target.build(empty, weights, out.path))
         parts["build"] = time.perf_counter() - started
     return parts
 
+
+# Each load is timed in this many fresh processes, the median kept: the first load in a process is the one that
+# counts, and one process's differs from the next by more than the loads compared differ.
+LOAD_RUNS = 3
 
 # Steady calls: the best of this many per implementation, the implementations taking turns in one process.
 STEADY_ROUNDS = 3
@@ -309,7 +315,7 @@ def _compile_layout(model: str, layout: str, smoke: bool) -> dict:
 
     entry = get_model(model)
     config = config_from_dict(entry.family, {**entry.config, **(small_config(entry) if smoke else {})})
-    graphdef, abstract = TARGETS["flax"].empty_model(entry.family, config, "float32")
+    graphdef, abstract = nnx.split(TARGETS["flax"].empty_model(entry.family, config, "float32").model)
     mesh_shape = LAYOUTS[layout]
     mesh = jax.make_mesh(mesh_shape, ("dp", "tp"), devices=jax.devices()[:SIMULATED_DEVICES]) if mesh_shape else None
     batch = mesh_shape[0] if mesh_shape else 1  # a batch "dp" splits
@@ -387,6 +393,12 @@ def _task(name: str, env: dict | None = None, **kwargs) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def _load(runs: int, env: dict | None = None, **kwargs) -> dict:
+    """A load task in `runs` fresh processes: the median of each time it reports."""
+    results = [_task("load", env=env, **kwargs) for _ in range(runs)]
+    return {key: statistics.median(r[key] for r in results) for key in results[0]}
+
+
 def _vae_convert(*args):
     subprocess.run([sys.executable, "-m", "converter", *map(str, args)], cwd=REPO, check=True, capture_output=True)
 
@@ -414,11 +426,12 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
         )
     flax_safetensors = work / f"{model}-flax-safetensors"  # for its load only: it converts as torchax does
     _vae_convert("convert", model, "--source", source, "--out", flax_safetensors, *FLAX_SAFETENSORS)
+    runs = 1 if smoke else LOAD_RUNS
     result["load"] = {
-        "flax": _task("load", path=str(work / f"{model}-flax"), how="vae-convert"),
-        "flax parts": _task("load", path=str(work / f"{model}-flax"), how="parts"),
-        "flax safetensors": _task("load", path=str(flax_safetensors), how="vae-convert"),
-        "torchax": _task("load", path=str(work / f"{model}-torchax"), how="vae-convert"),
+        "flax": _load(runs, path=str(work / f"{model}-flax"), how="vae-convert"),
+        "flax parts": _load(runs, path=str(work / f"{model}-flax"), how="parts"),
+        "flax safetensors": _load(runs, path=str(flax_safetensors), how="vae-convert"),
+        "torchax": _load(runs, path=str(work / f"{model}-torchax"), how="vae-convert"),
     }
     # the Flax loads again, finding the model's structure kept by an earlier load in a persistent cache
     from converter.api import COMPILE_CACHE_ENV
@@ -426,9 +439,9 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     kept = {COMPILE_CACHE_ENV: str(work / f"{model}-structure-cache")}
     _task("load", env=kept, path=str(work / f"{model}-flax"), how="vae-convert")
     for name, path in (("flax", work / f"{model}-flax"), ("flax safetensors", flax_safetensors)):
-        result["load"][f"{name} kept structure"] = _task("load", env=kept, path=str(path), how="vae-convert")
+        result["load"][f"{name} kept structure"] = _load(runs, env=kept, path=str(path), how="vae-convert")
     if _has_diffusers():
-        result["load"]["diffusers"] = _task("load", path=str(work / f"{model}-torchax"), how="diffusers")
+        result["load"]["diffusers"] = _load(runs, path=str(work / f"{model}-torchax"), how="diffusers")
     # after the loads, which find the outputs as the conversions left them, with no other process's memory between
     result["convert"]["naive"] = _task("naive", source=str(source), out=str(work / f"{model}-naive"), model=model)
     cache = work / f"{model}-jax-cache"
@@ -516,24 +529,26 @@ def markdown(results: dict) -> str:
         )
     lines += ["", "Conversion time is after imports; memory is peak RSS above the process's RSS after imports.", ""]
     lines += [
-        "| model | load flax (Orbax) | its parts: structure, weights, build | load flax (safetensors) | "
+        "| model | load flax (Orbax) | its parts: structure, weights, JAX start, build | load flax (safetensors) | "
         "the two, structure kept | load torchax | diffusers from_pretrained |",
         "|---|---|---|---|---|---|---|",
     ]
     for model, r in results["models"].items():
         load, parts = r["load"], r["load"]["flax parts"]
-        diffusers = f"{load['diffusers']['seconds']:.2f} s" if "diffusers" in load else "-"
+        diffusers = f"{load['diffusers']['seconds']:.3f} s" if "diffusers" in load else "-"
         lines.append(
-            f"| {model} | {load['flax']['seconds']:.2f} s | {parts['structure']:.2f} s, {parts['weights']:.2f} s, "
-            f"{parts['build']:.2f} s | {load['flax safetensors']['seconds']:.2f} s | "
-            f"{load['flax kept structure']['seconds']:.2f} s, {load['flax safetensors kept structure']['seconds']:.2f}"
-            f" s | {load['torchax']['seconds']:.2f} s | {diffusers} |"
+            f"| {model} | {load['flax']['seconds']:.3f} s | {parts['structure']:.3f} s, {parts['weights']:.3f} s, "
+            f"{parts['jax start']:.3f} s, {parts['build']:.3f} s | {load['flax safetensors']['seconds']:.3f} s | "
+            f"{load['flax kept structure']['seconds']:.3f} s, {load['flax safetensors kept structure']['seconds']:.3f}"
+            f" s | {load['torchax']['seconds']:.3f} s | {diffusers} |"
         )
     lines += [
         "",
-        "Seconds from an output folder to a ready model, after imports (the model code included). Parts of the "
-        "Flax load: the abstract model (nnx.eval_shape), the weights (each Orbax leaf's data file mapped), placing "
-        "them (on CPU in place) and building the model. Every load here maps the weights, as from_pretrained does: "
+        "Seconds from an output folder to a ready model, after imports (the model code included), each the median "
+        f"of {1 if results['mode'] == 'smoke' else LOAD_RUNS} fresh processes. Parts of the "
+        "Flax load: the abstract model (nnx.eval_shape), the weights (each Orbax leaf's data file mapped), JAX "
+        "starting its backend (once per process, on first use), placing the weights (on CPU in place) and building "
+        "the model. Every load here maps the weights, as from_pretrained does: "
         "their pages are read on first use. Structure kept: the two Flax loads in a process that finds the "
         "abstract model kept by an earlier load in the persistent cache (`VAE_CONVERT_COMPILE_CACHE`).",
         "",

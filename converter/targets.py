@@ -25,6 +25,7 @@ import pickle
 import sys
 import warnings
 from pathlib import Path
+from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -101,16 +102,16 @@ class FlaxTarget(Target):
     library_name = "flax"
     usage = "vae = converter.load(path)                     # Flax NNX model, channels-last (B, T, H, W, C)"
 
-    def empty_model(self, family: FamilySpec, config, dtype):
-        """(graphdef, abstract state) of the Flax model: shapes and dtypes only. Both are immutable, so one is made
-        per (family, config, dtype) in a process."""
-        return _flax_abstract(family.name, config, np.dtype(dtype))
+    def empty_model(self, family: FamilySpec, config, dtype) -> FlaxStructure:
+        """The Flax model with shapes and dtypes for values (nothing allocated or initialised), and its variables;
+        each call a model of its own, as `build` fills it in place."""
+        return _flax_structure(family.name, config, np.dtype(dtype))
 
     def leaf_shapes(self, family, config):
-        from flax import nnx
-
-        _, state = self.empty_model(family, config, np.float32)
-        return {".".join(map(str, path)): tuple(v.get_value().shape) for path, v in nnx.to_flat_state(state)}
+        return {
+            ".".join(map(str, path)): tuple(v.get_value().shape)
+            for path, v in self.empty_model(family, config, np.float32).variables
+        }
 
     def read_weights(self, out_dir, fmt):
         path = _weights_path(out_dir, self.weight_files[fmt])
@@ -125,29 +126,27 @@ class FlaxTarget(Target):
             raise InputError(f"{path}: not a readable Orbax checkpoint ({str(e).splitlines()[0][:160]})") from None
         return {target_path(name): array for name, array in arrays.items()}
 
-    def build(self, empty_model, weights, path, sharding=None):
+    def build(self, empty_model: FlaxStructure, weights, path, sharding=None):
         import jax
-        from flax import nnx
 
-        graphdef, abstract = empty_model
-        flat = nnx.to_flat_state(abstract)
-        expected = {p for p, _ in flat}
+        expected = {p for p, _ in empty_model.variables}
         if set(weights) != expected:
             missing, extra = (
                 sorted(map(str, expected - set(weights)))[:3],
                 sorted(map(str, set(weights) - expected))[:3],
             )
             raise InputError(f"{path}: weights do not match the model (missing {missing}, unexpected {extra})")
-        for p, variable in flat:
+        for p, variable in empty_model.variables:
             if tuple(weights[p].shape) != tuple(variable.get_value().shape):
                 raise InputError(
                     f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}"
                 )
         # one call places them all; on CPU, 64-byte-aligned buffers (the mapped files, TensorStore's reads) are
         # used in place
-        arrays = jax.device_put([weights[p] for p, _ in flat], sharding)
-        state = nnx.from_flat_state([(p, variable.replace(a)) for (p, variable), a in zip(flat, arrays)])
-        return nnx.merge(graphdef, state)
+        arrays = jax.device_put([weights[p] for p, _ in empty_model.variables], sharding)
+        for (_, variable), array in zip(empty_model.variables, arrays):
+            variable.set_value(array)
+        return empty_model.model
 
     def runner(self, model):
         return FlaxRunner(model)
@@ -183,20 +182,38 @@ class TorchaxTarget(Target):
         return TorchaxRunner(model)
 
 
-@functools.lru_cache(maxsize=8)
-def _flax_abstract(family_name: str, config, dtype: np.dtype):
-    """Made once per process and, while JAX's persistent compilation cache is on (converter.enable_compile_cache),
-    kept beside it for later processes: building Flax's modules is most of a load that maps its weights."""
+class FlaxStructure(NamedTuple):
+    """A Flax model whose variables hold shapes and dtypes (jax.ShapeDtypeStruct), and those variables by path, in
+    the order they are filled."""
+
+    model: object  # an nnx.Module
+    variables: list  # [(path, nnx.Variable)]
+
+
+_STRUCTURES: dict[tuple, bytes] = {}  # (family, config, dtype) -> the pickled FlaxStructure, for this process
+
+
+def _flax_structure(family_name: str, config, dtype: np.dtype) -> FlaxStructure:
+    """Made once per process, and a copy of it unpickled for each later call (a few milliseconds, where building
+    Flax's modules again takes tens); while JAX's persistent compilation cache is on (converter.enable_compile_cache),
+    kept beside it for later processes."""
     import jax.numpy as jnp
     from flax import nnx
 
+    key = (family_name, config, dtype)
+    if (kept := _STRUCTURES.get(key)) is not None:
+        return pickle.loads(kept)
     entry = _structure_entry(family_name, config, dtype)
-    if entry is not None and (structure := _read_structure(entry)) is not None:
+    if entry is not None and (read := _read_structure(entry)) is not None:
+        _STRUCTURES[key], structure = read
         return structure
     cls = FAMILIES[family_name].flax_model()
-    structure = nnx.split(nnx.eval_shape(lambda: cls(config, rngs=_NoKeys(), param_dtype=jnp.dtype(dtype))))
+    model = nnx.eval_shape(lambda: cls(config, rngs=_NoKeys(), param_dtype=jnp.dtype(dtype)))
+    # the variables listed once here: walking the graph for them costs more than unpickling it
+    structure = FlaxStructure(model, [(p, v) for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Variable)])
+    _STRUCTURES[key] = pickle.dumps(structure)
     if entry is not None:
-        _write_structure(entry, structure)
+        _write_structure(entry, _STRUCTURES[key])
     return structure
 
 
@@ -225,27 +242,27 @@ def _models_digest() -> str:
     return digest.hexdigest()
 
 
-def _read_structure(entry: Path):
-    """A kept (graphdef, abstract state), or None when there is none or it is damaged (it is then made anew)."""
+def _read_structure(entry: Path) -> tuple[bytes, FlaxStructure] | None:
+    """A kept structure (its pickle and itself), or None when there is none or it is damaged (it is then made
+    anew)."""
     from flax import nnx
 
     try:
-        structure = pickle.loads(entry.read_bytes())
+        kept = entry.read_bytes()
+        structure = pickle.loads(kept)
     except Exception:  # missing, truncated or foreign: unpickling raises any of a dozen types
         return None
-    kept = isinstance(structure, tuple) and len(structure) == 2
-    return (
-        structure if kept and isinstance(structure[0], nnx.GraphDef) and isinstance(structure[1], nnx.State) else None
-    )
+    whole = isinstance(structure, FlaxStructure) and isinstance(structure.model, nnx.Module)
+    return (kept, structure) if whole else None
 
 
-def _write_structure(entry: Path, structure) -> None:
+def _write_structure(entry: Path, kept: bytes) -> None:
     """Keeps a structure whole or not at all (another process may be reading the entry); a cache that cannot be
     written is warned of, not fatal."""
     temporary = entry.with_name(f".{entry.name}.{os.getpid()}")
     try:
         entry.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_bytes(pickle.dumps(structure))
+        temporary.write_bytes(kept)
         os.replace(temporary, entry)
     except OSError as e:
         with contextlib.suppress(OSError):
@@ -267,29 +284,50 @@ def _mapped_leaves(item_dir: Path) -> dict[str, np.ndarray]:
     folder by its dotted path, list positions as numbers), each leaf's data file mapped as the array: page-aligned,
     so JAX on CPU takes it as it is and its pages are read on first use, as from_pretrained does. Empty for other
     layouts."""
-    return {folder.name: _mapped_leaf(folder) for folder in (p.parent for p in item_dir.glob("*/.zarray"))}
+    leaves = {}
+    if not item_dir.is_dir():
+        return leaves
+    # os's calls on plain strings: Python's file objects and pathlib cost more than the reads and maps themselves
+    for entry in os.scandir(item_dir):
+        try:
+            meta = json.loads(_read_small(os.path.join(entry.path, ".zarray")))
+        except (FileNotFoundError, NotADirectoryError):  # not a leaf's folder
+            continue
+        leaves[entry.name] = _mapped_leaf(entry.path, meta)
+    return leaves
+
+
+def _read_small(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
 
 
 _ZARR_DTYPES = {"<f4": np.dtype(np.float32), "<f2": np.dtype(np.float16), "bfloat16": DTYPES["bfloat16"]}
 
 
-def _mapped_leaf(folder: Path) -> np.ndarray:
-    """One leaf's data file mapped as the array its .zarray describes: one uncompressed chunk in C order holding the
-    whole array, as Orbax writes it with ORBAX_SAVING. A missing or cut data file is damage (Orbax writes every
-    chunk, zeros too), not zarr's fill value."""
-    meta = json.loads((folder / ".zarray").read_bytes())
+def _mapped_leaf(folder: str, meta: dict) -> np.ndarray:
+    """One leaf's data file mapped as the array its .zarray (`meta`) describes: one uncompressed chunk in C order
+    holding the whole array, as Orbax writes it with ORBAX_SAVING. A missing or cut data file is damage (Orbax
+    writes every chunk, zeros too), not zarr's fill value."""
+    name = os.path.basename(folder)
     shape, dtype = tuple(meta.get("shape", ())), _ZARR_DTYPES.get(meta.get("dtype"))
     plain = {"chunks": list(shape), "compressor": None, "filters": None, "order": "C", "zarr_format": 2}
     if dtype is None or any(meta.get(k) != v for k, v in plain.items()):
-        raise ValueError(f"{folder.name}: not laid out as vae-convert writes it ({folder / '.zarray'})")
+        raise ValueError(f"{name}: not laid out as vae-convert writes it ({os.path.join(folder, '.zarray')})")
     size = nbytes(shape, dtype)
     try:
-        with open(folder / meta.get("dimension_separator", ".").join(["0"] * len(shape)), "rb") as f:
-            data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        fd = os.open(os.path.join(folder, meta.get("dimension_separator", ".").join(["0"] * len(shape))), os.O_RDONLY)
+        try:
+            data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
     except (OSError, ValueError):  # mmap raises ValueError for an empty file
-        raise ValueError(f"{folder.name}: its data file is missing or empty") from None
+        raise ValueError(f"{name}: its data file is missing or empty") from None
     if len(data) != size:
-        raise ValueError(f"{folder.name}: its data file holds {len(data)} bytes, the array {size}")
+        raise ValueError(f"{name}: its data file holds {len(data)} bytes, the array {size}")
     return np.frombuffer(data, dtype, math.prod(shape)).reshape(shape)
 
 

@@ -60,7 +60,7 @@ def flax_outputs(wan_small, tmp_path_factory):
 def _load_afresh(out, cache, monkeypatch):
     """converter.load with the cache in `cache`, as a new process would (nothing kept in memory)."""
     monkeypatch.setenv(COMPILE_CACHE_ENV, str(cache))
-    targets._flax_abstract.cache_clear()
+    targets._STRUCTURES.clear()
     return converter.load(out)
 
 
