@@ -1,7 +1,8 @@
 """The Python API: `converter.load` takes relative paths, uses a Flax output's mapped files in place (Orbax and
-safetensors), still loads the OCDBT checkpoints earlier versions wrote, and fails on a damaged output with one clear
-error; Orbax's own loader reads the output as the README says; the models check their inputs with one clear
-ValueError, and the README's torchax snippet works as written for a bfloat16 output."""
+safetensors), gives each load a model of its own, still loads the OCDBT checkpoints earlier versions wrote, and
+fails on a damaged output with one clear error; Orbax's own loader reads the output as the README says; the models
+check their inputs with one clear ValueError, and the README's torchax snippet works as written for a bfloat16
+output."""
 
 from __future__ import annotations
 
@@ -158,6 +159,19 @@ def test_a_model_saves_over_the_output_it_was_loaded_from(outputs, tmp_path):
     converter.save(vae, tmp_path / "ckpt", force=True)
     np.testing.assert_array_equal(np.asarray(vae.decode(LATENT)), before)
     np.testing.assert_array_equal(np.asarray(converter.load(tmp_path / "ckpt").decode(LATENT)), before)
+
+
+def test_each_load_is_a_model_of_its_own(outputs, tmp_path):
+    """A load fills the abstract model in place, one made afresh for each load: loading another output of the same
+    config leaves the first model as it was."""
+    shutil.copytree(outputs / "flax", tmp_path / "other")
+    kernel = tmp_path / "other" / "state" / "state" / "decoder.conv_out.kernel" / "0.0.0.0.0"
+    kernel.write_bytes(np.full(kernel.stat().st_size // 4, 0.5, np.float32).tobytes())
+    first = converter.load(outputs / "flax")
+    before = np.asarray(first.decode(LATENT))
+    other = converter.load(tmp_path / "other")
+    np.testing.assert_array_equal(np.asarray(first.decode(LATENT)), before)
+    assert not np.allclose(np.asarray(other.decode(LATENT)), before)
 
 
 def test_orbax_reads_the_flax_output_as_the_readme_says(outputs, caplog):
