@@ -160,6 +160,11 @@ def task_load(path: str, how: str) -> dict:
 # counts, and one process's differs from the next by more than the loads compared differ.
 LOAD_RUNS = 3
 
+
+def _load_runs(smoke: bool) -> int:
+    return 1 if smoke else LOAD_RUNS
+
+
 # Steady calls: the best of this many per implementation, the implementations taking turns in one process.
 STEADY_ROUNDS = 3
 
@@ -426,7 +431,7 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
         )
     flax_safetensors = work / f"{model}-flax-safetensors"  # for its load only: it converts as torchax does
     _vae_convert("convert", model, "--source", source, "--out", flax_safetensors, *FLAX_SAFETENSORS)
-    runs = 1 if smoke else LOAD_RUNS
+    runs = _load_runs(smoke)
     result["load"] = {
         "flax": _load(runs, path=str(work / f"{model}-flax"), how="vae-convert"),
         "flax parts": _load(runs, path=str(work / f"{model}-flax"), how="parts"),
@@ -545,7 +550,7 @@ def markdown(results: dict) -> str:
     lines += [
         "",
         "Seconds from an output folder to a ready model, after imports (the model code included), each the median "
-        f"of {1 if results['mode'] == 'smoke' else LOAD_RUNS} fresh processes. Parts of the "
+        f"of {_load_runs(results['mode'] == 'smoke')} fresh processes. Parts of the "
         "Flax load: the abstract model (nnx.eval_shape), the weights (each Orbax leaf's data file mapped), JAX "
         "starting its backend (once per process, on first use), placing the weights (on CPU in place) and building "
         "the model. Every load here maps the weights, as from_pretrained does: "
