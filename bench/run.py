@@ -374,17 +374,27 @@ TASKS = {
 _SPENT: dict[str, float] = {}  # wall seconds per task name (imports included) for the model being measured
 
 
-def _task(name: str, env: dict | None = None, **kwargs) -> dict:
+def _environment(env: dict | None = None) -> dict:
+    """A child process's environment: a compilation cache only where a task names one (the first calls it times are
+    compiling), and no structure cache but the one a task names (the user's left as it is)."""
     from converter.api import COMPILE_CACHE_ENV
+    from converter.targets import STRUCTURE_CACHE_ENV
 
+    return {
+        **{k: v for k, v in os.environ.items() if k != COMPILE_CACHE_ENV},
+        STRUCTURE_CACHE_ENV: "off",
+        **(env or {}),
+    }
+
+
+def _task(name: str, env: dict | None = None, **kwargs) -> dict:
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "bench.run", "--task", name, json.dumps(kwargs)],
         cwd=REPO,
         capture_output=True,
         text=True,
-        # a compilation cache only where a task names one: the first calls it times are compiling
-        env={**{k: v for k, v in os.environ.items() if k != COMPILE_CACHE_ENV}, **(env or {})},
+        env=_environment(env),
     )
     if result.returncode != 0:
         raise RuntimeError(f"bench task {name} {kwargs} failed:\n{result.stderr[-3000:]}")
@@ -398,14 +408,26 @@ def _task(name: str, env: dict | None = None, **kwargs) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _load(runs: int, env: dict | None = None, **kwargs) -> dict:
-    """A load task in `runs` fresh processes: the median of each time it reports."""
-    results = [_task("load", env=env, **kwargs) for _ in range(runs)]
+def _load(runs: int, structures: Path | None = None, **kwargs) -> dict:
+    """A load task in `runs` fresh processes: the median of each time it reports. Each finds the structure cache
+    `structures`, or by default an empty one of its own, as the first load of a model's config does."""
+    from converter.targets import STRUCTURE_CACHE_ENV
+
+    results = []
+    for _ in range(runs):
+        with tempfile.TemporaryDirectory() as empty:
+            results.append(_task("load", env={STRUCTURE_CACHE_ENV: str(structures or empty)}, **kwargs))
     return {key: statistics.median(r[key] for r in results) for key in results[0]}
 
 
 def _vae_convert(*args):
-    subprocess.run([sys.executable, "-m", "converter", *map(str, args)], cwd=REPO, check=True, capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "converter", *map(str, args)],
+        cwd=REPO,
+        env=_environment(),
+        check=True,
+        capture_output=True,
+    )
 
 
 FLAX_SAFETENSORS = ("--to", "flax", "--format", "safetensors", "--no-validate")
@@ -438,13 +460,11 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
         "flax safetensors": _load(runs, path=str(flax_safetensors), how="vae-convert"),
         "torchax": _load(runs, path=str(work / f"{model}-torchax"), how="vae-convert"),
     }
-    # the Flax loads again, finding the model's structure kept by an earlier load in a persistent cache
-    from converter.api import COMPILE_CACHE_ENV
-
-    kept = {COMPILE_CACHE_ENV: str(work / f"{model}-structure-cache")}
-    _task("load", env=kept, path=str(work / f"{model}-flax"), how="vae-convert")
+    # the Flax loads again, finding the model's structure kept by an earlier load
+    kept = work / f"{model}-structures"
+    _load(1, kept, path=str(work / f"{model}-flax"), how="vae-convert")
     for name, path in (("flax", work / f"{model}-flax"), ("flax safetensors", flax_safetensors)):
-        result["load"][f"{name} kept structure"] = _load(runs, env=kept, path=str(path), how="vae-convert")
+        result["load"][f"{name} kept structure"] = _load(runs, kept, path=str(path), how="vae-convert")
     if _has_diffusers():
         result["load"]["diffusers"] = _load(runs, path=str(work / f"{model}-torchax"), how="diffusers")
     # after the loads, which find the outputs as the conversions left them, with no other process's memory between
@@ -534,8 +554,8 @@ def markdown(results: dict) -> str:
         )
     lines += ["", "Conversion time is after imports; memory is peak RSS above the process's RSS after imports.", ""]
     lines += [
-        "| model | load flax (Orbax) | its parts: structure, weights, JAX start, build | load flax (safetensors) | "
-        "the two, structure kept | load torchax | diffusers from_pretrained |",
+        "| model | first load flax (Orbax) | its parts: structure, weights, JAX start, build | first load flax "
+        "(safetensors) | the two, later loads | load torchax | diffusers from_pretrained |",
         "|---|---|---|---|---|---|---|",
     ]
     for model, r in results["models"].items():
@@ -554,8 +574,9 @@ def markdown(results: dict) -> str:
         "Flax load: the abstract model (nnx.eval_shape), the weights (each Orbax leaf's data file mapped), JAX "
         "starting its backend (once per process, on first use), placing the weights (on CPU in place) and building "
         "the model. Every load here maps the weights, as from_pretrained does: "
-        "their pages are read on first use. Structure kept: the two Flax loads in a process that finds the "
-        "abstract model kept by an earlier load in the persistent cache (`VAE_CONVERT_COMPILE_CACHE`).",
+        "their pages are read on first use. First load: a process that finds no model structure kept (an empty "
+        "structure cache), as the first load of a config does; later loads: the two Flax loads in a process that "
+        "finds the abstract model kept by an earlier load (the structure cache, on by default).",
         "",
     ]
     lines += [

@@ -46,7 +46,9 @@ ORBAX_ITEM = "state"  # the name partial saves give the one PyTree in the checkp
 # file, which a load maps (OCDBT, Orbax's default, packs them into shared files at offsets JAX would copy from; zstd
 # gains little on trained float weights and slows every load).
 ORBAX_SAVING = {"use_ocdbt": False, "use_zarr3": False, "use_compression": False}
-STRUCTURE_CACHE = "vae-convert-structures"  # a folder in JAX's persistent compilation cache directory
+# Where the Flax models' structures are kept between processes: a folder, or "off"; by default vae-convert/structures
+# in the user's cache folder.
+STRUCTURE_CACHE_ENV = "VAE_CONVERT_STRUCTURE_CACHE"
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 
 
@@ -195,8 +197,7 @@ _STRUCTURES: dict[tuple, bytes] = {}  # (family, config, dtype) -> the pickled F
 
 def _flax_structure(family_name: str, config, dtype: np.dtype) -> FlaxStructure:
     """Made once per process, and a copy of it unpickled for each later call (a few milliseconds, where building
-    Flax's modules again takes tens); while JAX's persistent compilation cache is on (converter.enable_compile_cache),
-    kept beside it for later processes."""
+    Flax's modules again takes tens); kept for later processes in the structure cache (`structure_cache`)."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -217,18 +218,33 @@ def _flax_structure(family_name: str, config, dtype: np.dtype) -> FlaxStructure:
     return structure
 
 
+def structure_cache() -> Path | None:
+    """The folder of kept structures: $VAE_CONVERT_STRUCTURE_CACHE, else vae-convert/structures in the user's cache
+    folder ($XDG_CACHE_HOME, else ~/.cache); None when the variable says off, or there is no home to default to."""
+    chosen = os.environ.get(STRUCTURE_CACHE_ENV)
+    if chosen == "off":
+        return None
+    if chosen:
+        return Path(chosen).expanduser().absolute()
+    try:
+        base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    except RuntimeError:  # no home directory known
+        return None
+    return base.absolute() / "vae-convert" / "structures"
+
+
 def _structure_entry(family_name: str, config, dtype: np.dtype) -> Path | None:
     """The cache file of one abstract model, named by all it is made from: the config, the dtype, the model code, and
-    the Flax, JAX and Python whose objects it pickles. None while no persistent cache is on."""
+    the Flax, JAX and Python whose objects it pickles. None while the cache is off."""
     import flax
     import jax
 
-    directory = jax.config.jax_compilation_cache_dir
-    if not directory:
+    directory = structure_cache()
+    if directory is None:
         return None
     made_from = (family_name, config, dtype.name, flax.__version__, jax.__version__, sys.version_info[:2])
     key = hashlib.sha256(repr((made_from, _models_digest())).encode()).hexdigest()
-    return Path(directory) / STRUCTURE_CACHE / f"{key}.pickle"
+    return directory / f"{key}.pickle"
 
 
 @functools.cache
@@ -243,12 +259,16 @@ def _models_digest() -> str:
 
 
 def _read_structure(entry: Path) -> tuple[bytes, FlaxStructure] | None:
-    """A kept structure (its pickle and itself), or None when there is none or it is damaged (it is then made
-    anew)."""
+    """A kept structure (its pickle and itself), or None when there is none, it is damaged, or someone else could
+    have written it (another user's, or writable by others: unpickling runs code); it is then made anew."""
     from flax import nnx
 
     try:
-        kept = entry.read_bytes()
+        with open(entry, "rb", buffering=0) as file:
+            status = os.fstat(file.fileno())
+            if status.st_uid != os.getuid() or status.st_mode & 0o022:
+                return None
+            kept = file.read()
         structure = pickle.loads(kept)
     except Exception:  # missing, truncated or foreign: unpickling raises any of a dozen types
         return None
@@ -261,13 +281,19 @@ def _write_structure(entry: Path, kept: bytes) -> None:
     written is warned of, not fatal."""
     temporary = entry.with_name(f".{entry.name}.{os.getpid()}")
     try:
-        entry.parent.mkdir(parents=True, exist_ok=True)
-        temporary.write_bytes(kept)
+        entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(kept)
         os.replace(temporary, entry)
     except OSError as e:
         with contextlib.suppress(OSError):
             temporary.unlink(missing_ok=True)
-        warnings.warn(f"vae-convert: the model structure is not kept in {entry.parent} ({e})", stacklevel=2)
+        warnings.warn(
+            f"vae-convert: the model structure is not kept in {entry.parent} ({e}); set {STRUCTURE_CACHE_ENV} to "
+            "another folder, or to off",
+            stacklevel=2,
+        )
 
 
 class _NoKeys:

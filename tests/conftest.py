@@ -16,15 +16,18 @@ WAN = FAMILIES["wan"]
 
 
 @pytest.fixture(scope="session", autouse=True)
-def compile_cache(tmp_path_factory):
+def caches(tmp_path_factory):
     """One JAX persistent compilation cache for this test process and the CLI runs it starts, new each session: the
     many conversions of the same small checkpoints compile their validation steps once. One per xdist worker, as
     JAX writes its entries in place (another process could read one half-written); tests of the cache itself and
-    of interrupted runs leave it out."""
+    of interrupted runs leave it out. The Flax models' structures are kept in a folder of the session's too, never
+    in the user's cache folder."""
     from converter.api import COMPILE_CACHE_ENV
+    from converter.targets import STRUCTURE_CACHE_ENV
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(os.environ, COMPILE_CACHE_ENV, str(tmp_path_factory.mktemp("jax-compile-cache")))
+        patch.setitem(os.environ, STRUCTURE_CACHE_ENV, str(tmp_path_factory.mktemp("structures")))
         yield
 
 

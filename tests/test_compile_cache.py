@@ -1,5 +1,6 @@
 """Compilation: one compile per chunk shape, and the persistent cache (off by default; with VAE_CONVERT_COMPILE_CACHE
-set, the first process fills it and a second process compiles nothing new, nor builds the Flax model's structure)."""
+set, the first process fills it and a second process compiles nothing new). The structure cache (on by default): a
+later process takes the Flax model's structure from it instead of building the modules."""
 
 import pickle
 import subprocess
@@ -13,6 +14,7 @@ import converter
 from converter import targets
 from converter.api import COMPILE_CACHE_ENV
 from converter.registry import FAMILIES
+from converter.targets import STRUCTURE_CACHE_ENV
 from tests.helpers import REPO, compiled_steps, environment_without_compile_cache, run_cli, save_diffusers
 
 DECODE = """
@@ -59,56 +61,89 @@ def flax_outputs(wan_small, tmp_path_factory):
     return root / "float32", root / "bfloat16"
 
 
-def _load_afresh(out, cache, monkeypatch):
-    """converter.load with the cache in `cache`, as a new process would (nothing kept in memory)."""
-    monkeypatch.setenv(COMPILE_CACHE_ENV, str(cache))
+def _load_afresh(out, monkeypatch, cache=None):
+    """converter.load as a new process would make it (nothing kept in memory), the structure cache in `cache` (None:
+    as the environment says)."""
+    if cache is not None:
+        monkeypatch.setenv(STRUCTURE_CACHE_ENV, str(cache))
     targets._STRUCTURES.clear()
     return converter.load(out)
 
 
 def _structures(cache):
-    return sorted((cache / targets.STRUCTURE_CACHE).iterdir())
+    return sorted(cache.iterdir())
 
 
 def _decoded(vae):
     return np.asarray(vae.decode(np.linspace(-1, 1, 2 * 4 * 4 * 4, dtype=np.float32).reshape(1, 2, 4, 4, 4)))
 
 
+def _counting_builds(monkeypatch) -> list:
+    """nnx.eval_shape counted: one call per structure built."""
+    builds, eval_shape = [], nnx.eval_shape
+    monkeypatch.setattr("flax.nnx.eval_shape", lambda *a, **k: builds.append(1) or eval_shape(*a, **k))
+    return builds
+
+
 def test_a_later_load_takes_the_model_structure_from_the_cache(flax_outputs, tmp_path, monkeypatch):
     out, _ = flax_outputs
     cache = tmp_path / "cache"
-    first = _load_afresh(out, cache, monkeypatch)
+    first = _load_afresh(out, monkeypatch, cache)
     [entry] = _structures(cache)
+    assert entry.stat().st_mode & 0o777 == 0o600 and cache.stat().st_mode & 0o777 == 0o700
     with monkeypatch.context() as building:
         building.setattr("flax.nnx.eval_shape", lambda *_: pytest.fail("the structure was built, not read"))
-        again = _load_afresh(out, cache, monkeypatch)
+        again = _load_afresh(out, monkeypatch, cache)
     np.testing.assert_array_equal(_decoded(again), _decoded(first))
-    # damaged, or kept by an earlier version (its graphdef and abstract state): made anew and kept again
-    for kept in (b"damaged", pickle.dumps(nnx.split(again))):
+    # damaged, kept by an earlier version (its graphdef and abstract state), or open to others' writing (unpickling
+    # runs code): made anew and kept again
+    for kept, mode in ((b"damaged", 0o600), (pickle.dumps(nnx.split(again)), 0o600), (entry.read_bytes(), 0o620)):
         entry.write_bytes(kept)
-        np.testing.assert_array_equal(_decoded(_load_afresh(out, cache, monkeypatch)), _decoded(first))
-        assert targets._read_structure(entry) is not None
+        entry.chmod(mode)
+        with monkeypatch.context() as building:
+            builds = _counting_builds(building)
+            np.testing.assert_array_equal(_decoded(_load_afresh(out, monkeypatch, cache)), _decoded(first))
+        assert builds == [1]
+        assert targets._read_structure(entry) is not None and entry.stat().st_mode & 0o777 == 0o600
 
 
 def test_each_structure_has_its_own_entry(flax_outputs, tmp_path, monkeypatch):
     """An entry is named by what the structure is made from: here the dtype, and the model code."""
     out, out_bf16 = flax_outputs
     cache = tmp_path / "cache"
-    _load_afresh(out, cache, monkeypatch)
-    _load_afresh(out_bf16, cache, monkeypatch)
+    _load_afresh(out, monkeypatch, cache)
+    _load_afresh(out_bf16, monkeypatch, cache)
     assert len(_structures(cache)) == 2
     monkeypatch.setattr(targets, "_models_digest", lambda: "the model code after an edit")
-    _load_afresh(out, cache, monkeypatch)
+    _load_afresh(out, monkeypatch, cache)
     assert len(_structures(cache)) == 3
+
+
+def test_the_structure_cache_is_in_the_users_cache_folder_unless_told(flax_outputs, tmp_path, monkeypatch):
+    out, _ = flax_outputs
+    monkeypatch.delenv(STRUCTURE_CACHE_ENV)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    _load_afresh(out, monkeypatch)
+    assert len(_structures(tmp_path / "home" / ".cache" / "vae-convert" / "structures")) == 1
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    _load_afresh(out, monkeypatch)
+    assert len(_structures(tmp_path / "xdg" / "vae-convert" / "structures")) == 1
+    monkeypatch.setenv(STRUCTURE_CACHE_ENV, "off")
+    with monkeypatch.context() as building:
+        builds = _counting_builds(building)
+        for _ in range(2):  # each load as a new process makes it: each builds, keeping nothing
+            _decoded(_load_afresh(out, monkeypatch))
+    assert builds == [1, 1]
+    assert len(_structures(tmp_path / "xdg" / "vae-convert" / "structures")) == 1  # nothing written anywhere
 
 
 def test_a_cache_that_cannot_keep_structures_is_warned_of(flax_outputs, tmp_path, monkeypatch):
     out, _ = flax_outputs
     cache = tmp_path / "cache"
-    cache.mkdir()
-    (cache / targets.STRUCTURE_CACHE).write_text("a file where the folder would go")
-    with pytest.warns(UserWarning, match="structure is not kept"):
-        vae = _load_afresh(out, cache, monkeypatch)
+    cache.write_text("a file where the folder would go")
+    with pytest.warns(UserWarning, match=f"structure is not kept.*{STRUCTURE_CACHE_ENV}"):
+        vae = _load_afresh(out, monkeypatch, cache)
     assert _decoded(vae).shape[1] > 2
 
 
