@@ -1,5 +1,5 @@
 """The models' convolution on CPU (models/common/conv.py) takes one of four routes by shape: Winograd's F(2, 3)
-along the height, per-tap 2D convolutions, one matrix product of the patches, or, for a wide layer whose kernel
+along the height, per-tap 2D convolutions, one batched matrix product over the taps, or, for a wide layer whose kernel
 outweighs its input, XLA's conv3d, which makes no per-tap copies of the kernel. Each is lax's convolution, and each
 case below takes the route it is named for. On a mesh that splits the width, a layer exchanges its halo once."""
 
@@ -21,7 +21,7 @@ CASES = {  # lhs (N, T, H, W, C) or (N, H, W, C), rhs (kT, kH, kW, C, O) or (kH,
     "winograd 2D": ((3, 12, 10, 8), (3, 3, 8, 16), "winograd_conv"),
     "winograd, rows of a tile past the height": ((1, 5, 2, 9, 2), (3, 3, 3, 2, 4), "winograd_conv"),
     "time taps": ((1, 5, 4, 4, 8), (3, 3, 3, 8, 32), None),
-    "patch product": ((1, 4, 3, 2, 16), (3, 3, 3, 16, 32), "patch_matmul"),
+    "tap product": ((1, 4, 3, 2, 16), (3, 3, 3, 16, 32), "tap_matmul"),
 }
 WIDE = ((1, 3, 40, 40, 1024), (3, 3, 3, 1024, 1024))  # more output positions than channels: not the product
 
@@ -45,7 +45,7 @@ def _routes_taken(monkeypatch) -> list[str]:
 
         return run
 
-    for name in ("winograd_conv", "patch_matmul"):
+    for name in ("winograd_conv", "tap_matmul"):
         monkeypatch.setattr(conv, name, recording(name))
     return taken
 

@@ -51,8 +51,9 @@ def test_torchax_imports_with_placeholders_for_exactly_the_missing_overloads():
 def test_convolutions_lower_as_the_flax_models_do(conv, shape, lowered):
     """aten.convolution under the runtime equals PyTorch's. On CPU (as in models/common/conv.py) a float32 3x3 conv
     at stride 1 padded by one, with enough output positions, is Winograd's F(2, 3) along the height (4 2D convs); a
-    3D conv with a time kernel and no time padding or stride is otherwise one 2D conv per tap, or one matrix product
-    of its patches when it has fewer output positions than output channels; the others stay as torchax lowers them."""
+    3D conv with a time kernel and no time padding or stride is otherwise one 2D conv per tap, or one batched matrix
+    product over its taps when it has fewer output positions than output channels; the others stay as torchax lowers
+    them."""
     import jax
     import jax.numpy as jnp
 

@@ -1,10 +1,10 @@
 """Convolutions on CPU by the fastest route for their shape: a drop-in `conv_general_dilated` for `nnx.Conv`.
 
 3x3 float32 layers with many output positions go through Winograd's F(2, 3) along the height, 4 products for each
-2 rows of output instead of 6; other 3D ones become one 2D convolution per time tap, which XLA:CPU runs
-much faster than its 3D ones, or one matrix product of their patches, which reads a large kernel better than either
-when there are few output positions (README, Performance, has the measurements); a wide layer's kernel larger than
-its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's convolutions,
+2 rows of output instead of 6; other 3D ones become one 2D convolution per time tap, which XLA:CPU runs much faster
+than its 3D ones, or, when there are few output positions, one batched matrix product over the window's taps, which
+reads a large kernel better than either (README, Performance, has the measurements); a wide layer's kernel larger
+than its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's convolutions,
 which are their fast path. All compute the same convolution; only the order of additions differs. On a mesh that
 splits the width, each layer first takes its halo columns from its neighbours, once.
 """
@@ -88,7 +88,7 @@ def cpu_conv(
     n, t, h, w, c = lhs.shape
     frames = t - taps + 1
     if n * frames * math.prod(_output_size(lhs, rhs, window_strides[1:], padding[1:])) <= rhs.shape[-1]:
-        return patch_matmul(lhs, rhs, window_strides[1:], padding[1:], **plain)
+        return tap_matmul(lhs, rhs, window_strides[1:], padding[1:], **plain)
     # Each tap's slice of the kernel, and each transformed kernel, is a copy on XLA:CPU, and its scheduler makes them
     # all at the top of a step. XLA's 3D convolution reads the kernel in place, and for wide layers it is about as
     # fast: there it takes the layers whose kernel outweighs their input.
@@ -161,31 +161,36 @@ def _output_size(lhs, rhs, strides, padding) -> tuple[int, int]:
     )
 
 
-def patch_matmul(lhs, rhs, strides, padding, precision=None, preferred_element_type=None):
-    """The convolution as one matrix product: its patches (N*T'*H'*W', kT*kH*kW*C) times the kernel (kT*kH*kW*C, O).
-    For layers with fewer output positions than output channels (low resolution, many channels) reading the kernel
-    once is what costs, and one product reads it once where the per-tap 2D convolutions do not. lhs (N, T, H, W, C)
-    time-unpadded, rhs (kT, kH, kW, C, O), strides and padding for (H, W)."""
+def tap_matmul(lhs, rhs, strides, padding, precision=None, preferred_element_type=None):
+    """The convolution as matrix products, one per tap of its window: the input under that tap (N*T'*H'*W', C) times
+    the tap's slice of the kernel (C, O), all taps in one batched product, then summed. For layers with fewer output
+    positions than output channels (low resolution, many channels) reading the kernel is what costs: this reads it
+    once, where per-tap 2D convolutions do not, and XLA:CPU packs each tap's slice for its product faster than the
+    whole kernel as one (kT*kH*kW*C, O) matrix. lhs (N, T, H, W, C) time-unpadded, rhs (kT, kH, kW, C, O), strides
+    and padding for (H, W)."""
     kt, kh, kw, c, o = rhs.shape
     (n, t, *_), (ho, wo) = lhs.shape, _output_size(lhs, rhs, strides, padding)
     frames = t - kt + 1
     x = jnp.pad(lhs, ((0, 0), (0, 0), *padding, (0, 0)))
-    patches = jnp.concatenate(
+    windows = jnp.stack(
         [
             lax.slice(
                 x,
                 (0, a, b, d, 0),
                 (n, a + frames, b + (ho - 1) * strides[0] + 1, d + (wo - 1) * strides[1] + 1, c),
                 (1, 1, *strides, 1),
-            )
+            ).reshape(n * frames * ho * wo, c)
             for a, b, d in itertools.product(range(kt), range(kh), range(kw))
-        ],
-        axis=-1,
-    )  # (N, T', H', W', kT*kH*kW*C), in the kernel's order
-    kernel = rhs.reshape(kt * kh * kw * c, o)
-    return jnp.einsum(
-        "nthwk,ko->nthwo", patches, kernel, precision=precision, preferred_element_type=preferred_element_type
-    )
+        ]
+    )  # (kT*kH*kW, N*T'*H'*W', C), in the kernel's order
+    products = lax.dot_general(
+        windows,
+        rhs.reshape(kt * kh * kw, c, o),
+        (((2,), (1,)), ((0,), (0,))),
+        precision=precision,
+        preferred_element_type=preferred_element_type,
+    )  # (kT*kH*kW, N*T'*H'*W', O)
+    return products.sum(0).reshape(n, frames, ho, wo, o)
 
 
 # Winograd's F(2, 3) (Lavin and Gray, 2015), along the height: B^T takes a tile's 4 rows of input to the transformed
