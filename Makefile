@@ -22,6 +22,7 @@ demo: install
 	$(VENV)/bin/vae-convert wan2.1 --source $(DEMO)/wan2.1-random --to flax --out $(DEMO)/wan2.1-flax
 	$(VENV)/bin/vae-convert wan2.1 --source $(DEMO)/wan2.1-random --to torchax --dtype bfloat16 --out $(DEMO)/wan2.1-torchax
 
-# two workers, whole modules each (their fixtures convert once per module); two, not one per core, bounds memory
+# two workers, whole modules each (their fixtures convert once per module), the slowest modules first (tests/conftest.py);
+# two, not one per core, bounds memory
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadscope
+	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder

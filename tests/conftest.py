@@ -14,6 +14,26 @@ from tests.helpers import save_diffusers  # noqa: E402
 
 WAN = FAMILIES["wan"]
 
+# The modules that take longest, slowest first. pytest-xdist hands whole modules to its workers in collection order
+# (`--no-loadscope-reorder`, Makefile), so the modules started last are short ones and neither worker idles long at
+# the end; by default it would order them by their number of tests, which put the slowest ones last.
+SLOWEST_MODULES = (
+    "test_parity.py",
+    "test_tiling.py",
+    "test_source_formats.py",
+    "test_sharding.py",
+    "test_full_size.py",
+    "test_interrupts.py",
+    "test_export.py",
+    "test_compile_cache.py",
+    "test_bench.py",
+)
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's own order is kept
+
 
 @pytest.fixture(scope="session", autouse=True)
 def caches(tmp_path_factory):
