@@ -93,14 +93,20 @@ class CogVideoXSpatialNorm3D(nnx.Module):
         self.conv_b = CogVideoXCausalConv3d(zq_channels, f_channels, 1, **kw)
 
     def __call__(self, f, zq):
-        t, h, w = f.shape[1:4]
-        if t > 1 and t % 2 == 1:  # the first frame is resized on its own
-            zq = jnp.concatenate(
-                [_resize_nearest(zq[:, :1], (1, h, w)), _resize_nearest(zq[:, 1:], (t - 1, h, w))], axis=1
-            )
-        else:
-            zq = _resize_nearest(zq, (t, h, w))
-        return self.norm_layer(f) * self.conv_y(zq)[0] + self.conv_b(zq)[0]
+        # conv_y and conv_b act on each pixel alone, so they commute with the nearest resize: applied to zq before
+        # it is resized, they cost its pixels rather than f's, and no step holds their outputs at f's size
+        size = f.shape[1:4]
+        return self.norm_layer(f) * _resize_like_f(self.conv_y(zq)[0], size) + _resize_like_f(self.conv_b(zq)[0], size)
+
+
+def _resize_like_f(zq, size):
+    """zq (B, T, H, W, C) resized to f's (T, H, W) as diffusers resizes it: the first frame on its own when f has an
+    odd number of frames > 1. Frames first, at zq's own size, so that only the spatial repeat is done at f's, where
+    XLA fuses it into the layer that reads it."""
+    t = size[0]
+    if t > 1 and t % 2 == 1:
+        zq = jnp.concatenate([zq[:, :1], _resize_nearest(zq[:, 1:], (t - 1, *zq.shape[2:4]))], axis=1)
+    return _resize_nearest(zq, size)
 
 
 class CogVideoXResnetBlock3D(nnx.Module):

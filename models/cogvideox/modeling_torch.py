@@ -79,17 +79,19 @@ class CogVideoXSpatialNorm3D(nn.Module):
         self.conv_b = CogVideoXCausalConv3d(zq_channels, f_channels, kernel_size=1)
 
     def forward(self, f, zq):
-        if f.shape[2] > 1 and f.shape[2] % 2 == 1:
-            zq = torch.cat(
-                [
-                    _resize_nearest(zq[:, :, :1], (1, *f.shape[3:])),
-                    _resize_nearest(zq[:, :, 1:], (f.shape[2] - 1, *f.shape[3:])),
-                ],
-                dim=2,
-            )
-        else:
-            zq = _resize_nearest(zq, f.shape[2:])
-        return self.norm_layer(f) * self.conv_y(zq)[0] + self.conv_b(zq)[0]
+        # conv_y and conv_b act on each pixel alone, so they commute with the nearest resize: applied to zq before
+        # it is resized, they cost its pixels rather than f's, and no compiled step holds their outputs at f's size
+        size = f.shape[2:]
+        return self.norm_layer(f) * _resize_like_f(self.conv_y(zq)[0], size) + _resize_like_f(self.conv_b(zq)[0], size)
+
+
+def _resize_like_f(zq, size):
+    """zq (B, C, T, H, W) resized to f's (T, H, W) as diffusers resizes it: the first frame on its own when f has an
+    odd number of frames > 1. Frames first, at zq's own size, so that only the spatial gathers are done at f's."""
+    t = size[0]
+    if t > 1 and t % 2 == 1:
+        zq = torch.cat([zq[:, :, :1], _resize_nearest(zq[:, :, 1:], (t - 1, *zq.shape[3:]))], dim=2)
+    return _resize_nearest(zq, size)
 
 
 class CogVideoXResnetBlock3D(nn.Module):
