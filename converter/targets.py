@@ -121,7 +121,7 @@ class FlaxTarget(Target):
             weights = SafetensorsFile(path)  # mapped: `build` makes its pages the leaves, read on first use
             return {target_path(k): weights[k] for k in weights.keys()}
         try:
-            arrays = _mapped_leaves(path / ORBAX_ITEM) or _read_ocdbt_leaves(path)
+            arrays = _zarr_leaves(path / ORBAX_ITEM) or _read_ocdbt_leaves(path)
         except InputError:
             raise
         except Exception as e:  # Orbax and TensorStore raise their own error types for a damaged or foreign layout
@@ -305,51 +305,60 @@ class _NoKeys:
         return None
 
 
-def _mapped_leaves(item_dir: Path) -> dict[str, np.ndarray]:
+def _zarr_leaves(item_dir: Path) -> dict[str, np.ndarray]:
     """{dotted name: array} of a checkpoint in OrbaxWriter's layout (ORBAX_SAVING; the pinned Orbax names each leaf's
-    folder by its dotted path, list positions as numbers), each leaf's data file mapped as the array: page-aligned,
-    so JAX on CPU takes it as it is and its pages are read on first use, as from_pretrained does. Empty for other
-    layouts."""
+    folder by its dotted path, list positions as numbers), each leaf's data file mapped as the array, or read when it
+    is small (`_zarr_leaf`). Empty for other layouts."""
     leaves = {}
     if not item_dir.is_dir():
         return leaves
     # os's calls on plain strings: Python's file objects and pathlib cost more than the reads and maps themselves
     for entry in os.scandir(item_dir):
         try:
-            meta = json.loads(_read_small(os.path.join(entry.path, ".zarray")))
+            meta = json.loads(_read_file(os.path.join(entry.path, ".zarray")))
         except (FileNotFoundError, NotADirectoryError):  # not a leaf's folder
             continue
-        leaves[entry.name] = _mapped_leaf(entry.path, meta)
+        leaves[entry.name] = _zarr_leaf(entry.path, meta)
     return leaves
 
 
-def _read_small(path: str) -> bytes:
+def _read_file(path: str, limit: int = 1 << 16) -> bytes:
+    """At most `limit` bytes of a file."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.read(fd, 1 << 16)
+        return os.read(fd, limit)
     finally:
         os.close(fd)
 
 
 _ZARR_DTYPES = {"<f4": np.dtype(np.float32), "<f2": np.dtype(np.float16), "bfloat16": DTYPES["bfloat16"]}
 
+# Data files from this size on are mapped, page-aligned, so JAX on CPU takes them as they are and their pages are read
+# on first use, as from_pretrained does; smaller ones (biases, norms: most of a model's leaves) are read, since a
+# mapping costs more system calls and page-table work than reading a few pages, and JAX copies them in no time.
+MAPPED_FROM_BYTES = 1 << 16
 
-def _mapped_leaf(folder: str, meta: dict) -> np.ndarray:
-    """One leaf's data file mapped as the array its .zarray (`meta`) describes: one uncompressed chunk in C order
-    holding the whole array, as Orbax writes it with ORBAX_SAVING. A missing or cut data file is damage (Orbax
-    writes every chunk, zeros too), not zarr's fill value."""
+
+def _zarr_leaf(folder: str, meta: dict) -> np.ndarray:
+    """One leaf's data file as the array its .zarray (`meta`) describes: one uncompressed chunk in C order holding
+    the whole array, as Orbax writes it with ORBAX_SAVING. A missing or cut data file is damage (Orbax writes every
+    chunk, zeros too), not zarr's fill value."""
     name = os.path.basename(folder)
     shape, dtype = tuple(meta.get("shape", ())), _ZARR_DTYPES.get(meta.get("dtype"))
     plain = {"chunks": list(shape), "compressor": None, "filters": None, "order": "C", "zarr_format": 2}
     if dtype is None or any(meta.get(k) != v for k, v in plain.items()):
         raise ValueError(f"{name}: not laid out as vae-convert writes it ({os.path.join(folder, '.zarray')})")
     size = nbytes(shape, dtype)
+    chunk = os.path.join(folder, meta.get("dimension_separator", ".").join(["0"] * len(shape)))
     try:
-        fd = os.open(os.path.join(folder, meta.get("dimension_separator", ".").join(["0"] * len(shape))), os.O_RDONLY)
-        try:
-            data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-        finally:
-            os.close(fd)
+        if size < MAPPED_FROM_BYTES:
+            data = _read_file(chunk, size + 1)  # a byte more than the array: a longer file shows as one
+        else:
+            fd = os.open(chunk, os.O_RDONLY)
+            try:
+                data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+            finally:
+                os.close(fd)
     except (OSError, ValueError):  # mmap raises ValueError for an empty file
         raise ValueError(f"{name}: its data file is missing or empty") from None
     if len(data) != size:
