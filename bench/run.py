@@ -571,9 +571,9 @@ def markdown(results: dict) -> str:
         "",
         "Seconds from an output folder to a ready model, after imports (the model code included), each the median "
         f"of {_load_runs(results['mode'] == 'smoke')} fresh processes. Parts of the "
-        "Flax load: the abstract model (nnx.eval_shape), the weights (each Orbax leaf's data file mapped), JAX "
-        "starting its backend (once per process, on first use), placing the weights (on CPU in place) and building "
-        "the model. Every load here maps the weights, as from_pretrained does: "
+        "Flax load: the abstract model (nnx.eval_shape), the weights (each Orbax leaf's data file mapped, or read "
+        "when under 64 KB), JAX starting its backend (once per process, on first use), placing the weights (on CPU "
+        "in place) and building the model. Every load here maps the weights, as from_pretrained does: "
         "their pages are read on first use. First load: a process that finds no model structure kept (an empty "
         "structure cache), as the first load of a config does; later loads: the two Flax loads in a process that "
         "finds the abstract model kept by an earlier load (the structure cache, on by default).",
