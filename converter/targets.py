@@ -315,18 +315,17 @@ def _zarr_leaves(item_dir: Path) -> dict[str, np.ndarray]:
     # os's calls on plain strings: Python's file objects and pathlib cost more than the reads and maps themselves
     for entry in os.scandir(item_dir):
         try:
-            meta = json.loads(_read_file(os.path.join(entry.path, ".zarray")))
+            meta = json.loads(_read_small(os.path.join(entry.path, ".zarray")))
         except (FileNotFoundError, NotADirectoryError):  # not a leaf's folder
             continue
         leaves[entry.name] = _zarr_leaf(entry.path, meta)
     return leaves
 
 
-def _read_file(path: str, limit: int = 1 << 16) -> bytes:
-    """At most `limit` bytes of a file."""
+def _read_small(path: str) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
-        return os.read(fd, limit)
+        return os.read(fd, 1 << 16)
     finally:
         os.close(fd)
 
@@ -351,14 +350,11 @@ def _zarr_leaf(folder: str, meta: dict) -> np.ndarray:
     size = nbytes(shape, dtype)
     chunk = os.path.join(folder, meta.get("dimension_separator", ".").join(["0"] * len(shape)))
     try:
-        if size < MAPPED_FROM_BYTES:
-            data = _read_file(chunk, size + 1)  # a byte more than the array: a longer file shows as one
-        else:
-            fd = os.open(chunk, os.O_RDONLY)
-            try:
-                data = mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
-            finally:
-                os.close(fd)
+        fd = os.open(chunk, os.O_RDONLY)
+        try:  # read, a byte more than the array so that a longer file shows as one, or mapped
+            data = os.read(fd, size + 1) if size < MAPPED_FROM_BYTES else mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
     except (OSError, ValueError):  # mmap raises ValueError for an empty file
         raise ValueError(f"{name}: its data file is missing or empty") from None
     if len(data) != size:
