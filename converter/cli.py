@@ -274,7 +274,11 @@ def _describe_output(manifest: dict) -> str:
 
     source = manifest.get("source", {})
     if "revision" in source:
-        origin = f"{source['origin']} (Hub) at commit {source['revision']}"
+        origin = f"{source['origin']} (Hub) at commit {source['revision']}" + "".join(
+            f"\n  {f}  sha256 {d}" for f, d in source.get("sha256", {}).items()
+        )
+        if "verified" in source:
+            origin += f"\n  verified: {source['verified']}"
     elif "exported_from" in source:
         earlier = source["flax_output"].get("source", {})
         origin = f"exported from the Flax output {source['origin']} (made from {earlier.get('origin')})"

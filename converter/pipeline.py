@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from converter import __version__, enable_compile_cache, mapping, preview, source_formats, sources, validate
-from converter.errors import InputError, MappingError, OutputError, ValidationError
+from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
 from converter.output import MANIFEST, TOOL, OutputFolder, write_json
 from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
 from converter.targets import DTYPES, Target, load_output, meta_torch
@@ -270,13 +270,22 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
 
 def convert(req: Request) -> Summary:
     started = time.monotonic()
-    family = req.model.family
     folder = OutputFolder(req.out, req.force, say=req.say)
     if sources.hub_location(req.model, req.source, req.revision) is None:
         folder.check_not_source([Path(req.source).expanduser()])
     folder.check()
     source = sources.resolve(req.model, req.source, req.revision, req.offline)
     folder.check_not_source(source.protected)
+    provenance = source.start_hashing()
+    try:
+        return _convert(req, source, folder, provenance, started)
+    except ConvertError:
+        provenance()  # a Hub file that is not the Hub's explains any failure reading it
+        raise
+
+
+def _convert(req: Request, source: sources.Source, folder: OutputFolder, provenance, started: float) -> Summary:
+    family = req.model.family
     plan = make_plan(req, source)
     for line in (plan.format_line(), plan.ignored_line()):
         if line:
@@ -284,7 +293,6 @@ def convert(req: Request) -> Summary:
     dtype = choose_dtype(req.dtype, plan.weights, req.say)
 
     with folder as work:
-        provenance = source.start_hashing()
         manifest = {
             "tool": TOOL,
             "version": __version__,

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from converter import __version__
+from converter import __version__, hub
 from converter.errors import OutputError, UsageError
 from converter.output import read_manifest
 from converter.registry import FAMILIES
-from converter.sources import hub_call
 from converter.targets import TARGETS
 
 
@@ -32,7 +31,7 @@ def check_write_access(repo_id: str):
         except errors.HfHubHTTPError as e:
             raise OutputError(f"the Hub rejected the token ({str(e).splitlines()[0]})") from None
 
-    me = hub_call(whoami, repo_id, "main", error=OutputError)
+    me = hub.call(whoami, repo_id, "main", error=OutputError)
     role = me.get("auth", {}).get("accessToken", {}).get("role")
     if role == "read":
         raise OutputError(f"the token of {me.get('name')} is read-only; publishing to {repo_id} needs write access")
@@ -132,7 +131,8 @@ path = snapshot_download("{repo_id}")
 def publish(
     out_dir: Path, repo_id: str, private: bool, revision: str | None, create_pr: bool, commit_message: str | None
 ) -> str:
-    """Uploads a converted output folder with a generated model card; returns the commit (or PR) URL."""
+    """Uploads a converted output folder with a generated model card; returns the commit (or PR) URL. A failure leaves
+    the local folder as it was and nothing half-committed: a commit is one atomic call on the Hub's side."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     manifest = read_manifest(out_dir)
@@ -149,11 +149,42 @@ def publish(
     ]
     operations.append(CommitOperationAdd("README.md", model_card(manifest, repo_id).encode()))
 
-    def upload():
+    def upload() -> str:
         api.create_repo(repo_id, private=private, exist_ok=True)
         if revision and not create_pr:
             api.create_branch(repo_id, branch=revision, exist_ok=True)
-        return api.create_commit(repo_id, operations, commit_message=message, revision=revision, create_pr=create_pr)
+        return _commit(api, repo_id, operations, message, revision, create_pr)
 
-    commit = hub_call(upload, repo_id, revision or "main", error=OutputError)
-    return commit.pr_url or commit.commit_url
+    return hub.call(upload, repo_id, revision or "main", error=OutputError)
+
+
+def _commit(api, repo_id: str, operations: list, message: str, revision: str | None, create_pr: bool) -> str:
+    """One commit (or pull request), retried after a transient failure without ever landing twice: a branch commit
+    names its parent, and before each retry the branch's head is read, so an attempt that failed on the way back but
+    landed is taken as done. A pull request has no such check: an attempt whose fate is unknown is not repeated."""
+    branch = revision or "main"
+    parent = None if create_pr else api.repo_info(repo_id, revision=branch).sha
+    backoff = hub.Backoff(hub.install())
+    while True:
+        try:
+            commit = api.create_commit(
+                repo_id, operations, commit_message=message, revision=revision, create_pr=create_pr,
+                parent_commit=parent,
+            )  # fmt: skip
+            return commit.pr_url or commit.commit_url
+        except Exception as e:
+            if create_pr or not hub.transient(e):
+                raise
+            landed = _landed(api, repo_id, branch, parent, message)
+            if landed is not None:
+                return landed
+            if not backoff.wait():
+                raise
+
+
+def _landed(api, repo_id: str, branch: str, parent: str, message: str) -> str | None:
+    """The URL of our commit when the branch's head moved past `parent` by a commit with our message, else None."""
+    head = api.list_repo_commits(repo_id, revision=branch)[0]
+    if head.commit_id != parent and head.title == message.splitlines()[0]:
+        return f"{api.endpoint}/{repo_id}/commit/{head.commit_id}"
+    return None

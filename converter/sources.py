@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from converter import hub
 from converter.errors import InputError
 from converter.registry import ModelEntry
 from converter.safetensors_io import SafetensorsFile
@@ -167,20 +168,25 @@ class Source:
         return ([] if self.revision else [Path(self.origin)]) + list(self.weight_files)
 
     def start_hashing(self) -> Callable[[], dict]:
-        """Starts hashing local files in a thread (hashlib releases the GIL, so it overlaps the conversion);
-        returns a function that waits and gives the provenance record."""
+        """Starts hashing the weight files in a thread (hashlib releases the GIL, so it overlaps the conversion);
+        returns a function that waits and gives the provenance record. A Hub file's digest is compared with the
+        Hub's there (InputError on a mismatch, its cached copy removed)."""
         import concurrent.futures
 
         out = {"origin": self.origin, "files": [p.name for p in self.weight_files]}
         if self.revision:
             out["revision"] = self.revision
-            return lambda: out
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         digests = [pool.submit(_sha256, p) for p in self.weight_files]
         pool.shutdown(wait=False)
 
+        @functools.cache
         def result() -> dict:
             out["sha256"] = {p.name: d.result() for p, d in zip(self.weight_files, digests)}
+            if self.revision:
+                for path in self.weight_files:
+                    hub.verify(path, out["sha256"][path.name], self.origin)
+                out["verified"] = "sha256 equal to the Hub's"
             return out
 
         return result
@@ -286,23 +292,17 @@ def _shards(index_path: Path) -> list[Path]:
     return files
 
 
-def _offline_env() -> bool:
-    from huggingface_hub import constants
-
-    return bool(constants.HF_HUB_OFFLINE)
-
-
 def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Source:
     import huggingface_hub
 
     root = Path(
-        hub_call(
+        hub.call(
             lambda: huggingface_hub.snapshot_download(
                 repo_id, revision=revision, allow_patterns=vae_patterns(subfolder), local_files_only=offline or None
             ),
             repo_id,
             revision,
-            offline or _offline_env(),
+            offline or hub.offline_env(),
         )
     )
     folder = root / subfolder
@@ -324,9 +324,9 @@ def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) ->
     import huggingface_hub
 
     patterns = vae_patterns(subfolder)
-    if offline or _offline_env():
+    if offline or hub.offline_env():
         folder = Path(
-            hub_call(
+            hub.call(
                 lambda: huggingface_hub.snapshot_download(
                     repo_id, revision=revision, allow_patterns=patterns, local_files_only=True
                 ),
@@ -340,7 +340,7 @@ def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) ->
             for p in sorted((folder / subfolder).glob("*"))
             if p.is_file()
         ]
-    info = hub_call(
+    info = hub.call(
         lambda: huggingface_hub.HfApi().model_info(repo_id, revision=revision, files_metadata=True), repo_id, revision
     )
     files = []
@@ -366,39 +366,3 @@ def _size(n) -> str:
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
-
-
-def hub_call(call, repo_id: str, revision: str, offline: bool = False, error=InputError):
-    """Runs a huggingface_hub call; its failures become one-line errors (`error`, InputError by default)."""
-    import httpx2  # huggingface_hub's HTTP client
-    from huggingface_hub import errors
-
-    try:
-        return call()
-    except errors.GatedRepoError:
-        raise error(
-            f"{repo_id} is gated: accept its terms on the Hub and log in (HF_TOKEN or `hf auth login`)"
-        ) from None
-    except errors.RepositoryNotFoundError:
-        raise error(f"Hub repo {repo_id} not found (or private without a token)") from None
-    except errors.RevisionNotFoundError:
-        raise error(f"revision {revision!r} not found in {repo_id}") from None
-    except errors.HFValidationError as e:
-        raise error(f"{repo_id!r} is not a valid Hub repo id ({str(e).splitlines()[0]})") from None
-    except errors.OfflineModeIsEnabled:
-        raise error(f"{repo_id}@{revision}: the Hub is needed but offline mode is on (HF_HUB_OFFLINE)") from None
-    except errors.LocalEntryNotFoundError as e:
-        if offline or _offline_env():
-            raise error(f"{repo_id}@{revision} is not in the local Hugging Face cache and offline mode is on") from None
-        raise error(
-            f"cannot fetch {repo_id}@{revision} from the Hub, and it is not cached ({str(e).splitlines()[0]})"
-        ) from None
-    except (OSError, httpx2.HTTPError, errors.HfHubHTTPError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if isinstance(e, httpx2.TransportError) or isinstance(e.__context__, httpx2.TransportError):
-            # no network: say what works without one (fetching only; publishing needs the Hub)
-            hint = "; with the VAE in the Hugging Face cache add --offline, or give --source PATH" * (
-                error is InputError
-            )
-            raise error(f"cannot reach the Hub for {repo_id}@{revision} ({reason}){hint}") from None
-        raise error(f"the Hub failed for {repo_id}@{revision}: {reason}") from None

@@ -10,9 +10,11 @@ import pytest
 pytest.register_assert_rewrite("tests.helpers")
 
 from converter.registry import FAMILIES  # noqa: E402
+from tests.fake_hub import FakeHub, Repo  # noqa: E402
 from tests.helpers import save_diffusers  # noqa: E402
 
 WAN = FAMILIES["wan"]
+WAN_REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"  # the registry's repo for `wan2.1`
 
 # The modules that take longest, slowest first. pytest-xdist hands whole modules to its workers in collection order
 # (`--no-loadscope-reorder`, Makefile), so the modules started last are short ones and neither worker idles long at
@@ -56,3 +58,25 @@ def wan_small(tmp_path_factory):
     """A small Wan checkpoint saved by diffusers (the default architecture at small widths), and the model."""
     path = tmp_path_factory.mktemp("wan_small") / "vae"
     return path, save_diffusers(WAN, path, WAN.small_configs["default-arch"])
+
+
+@pytest.fixture
+def hub(tmp_path, monkeypatch, wan_small):
+    """The loopback Hub serving the small Wan checkpoint as the `wan2.1` pipeline repo, with a fresh cache and no
+    login; Hub retries back off in hundredths of a second."""
+    server = FakeHub()
+    source, _ = wan_small
+    vae = {f"vae/{p.name}": p.read_bytes() for p in source.iterdir()}
+    # the rest of a pipeline repo, which must never be fetched
+    server.repos[WAN_REPO] = Repo(
+        {**vae, "model_index.json": b"{}", "transformer/diffusion_pytorch_model.safetensors": b"\0" * 4096},
+        branches=("main", "v1"),
+    )
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored login from the machine
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("VAE_CONVERT_HUB_BACKOFF", "0.01")
+    yield server
+    server.close()

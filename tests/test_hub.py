@@ -13,29 +13,9 @@ from safetensors.torch import load_file, save_file
 from converter.errors import InputError, OutputError
 from converter.publish import model_card
 from converter.safetensors_io import SafetensorsFile
-from tests.fake_hub import FakeHub, Repo
+from tests.conftest import WAN_REPO
+from tests.fake_hub import Repo
 from tests.helpers import fails, manifest, run_cli
-
-WAN_REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"  # the registry's repo for `wan2.1`
-
-
-@pytest.fixture
-def hub(tmp_path, monkeypatch, wan_small):
-    server = FakeHub()
-    source, _ = wan_small
-    vae = {f"vae/{p.name}": p.read_bytes() for p in source.iterdir()}
-    # the rest of a pipeline repo, which must never be fetched
-    server.repos[WAN_REPO] = Repo(
-        {**vae, "model_index.json": b"{}", "transformer/diffusion_pytorch_model.safetensors": b"\0" * 4096},
-        branches=("main", "v1"),
-    )
-    monkeypatch.setenv("HF_ENDPOINT", server.url)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))  # no stored login from the machine
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
-    monkeypatch.delenv("HF_TOKEN", raising=False)
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    yield server
-    server.close()
 
 
 def test_registry_model_fetches_only_the_vae_then_works_offline(hub, tmp_path):
