@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from converter.errors import InputError
+from converter.errors import InputError, UsageError
 
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
 SAFE_METHODS = frozenset({"GET", "HEAD"})
@@ -57,7 +57,7 @@ class Policy:
             except ValueError:
                 value = -1
             if value < 0 or (field == "timeout" and value == 0):
-                raise InputError(f"{name}={text!r}: expected a {'positive' if field == 'timeout' else 'non-negative'} "
+                raise UsageError(f"{name}={text!r}: expected a {'positive' if field == 'timeout' else 'non-negative'} "
                                  f"{'whole ' if kind is int else ''}number")  # fmt: skip
             values[field] = value
         return cls(**values)
