@@ -16,6 +16,7 @@ import sys
 from converter.output import abandon_all
 
 EXIT_INTERRUPTED = 130
+EXIT_BAD_INPUT = 3  # InputError's
 
 
 def _interrupted(signum, frame):
@@ -51,6 +52,11 @@ def _stderr_for_the_error_line() -> int:
 def main():
     signal.signal(signal.SIGINT, _interrupted)
     signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        os.getcwd()  # before PyTorch's import, which exits 2 (the usage code) without one
+    except OSError:
+        os.write(2, b"error: the current folder no longer exists; run vae-convert from an existing folder\n")
+        os._exit(EXIT_BAD_INPUT)
     from converter.cli import run
 
     code = run()

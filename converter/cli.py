@@ -241,10 +241,10 @@ def export(
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
 def publish(out, repo_id, private, revision, create_pr, commit_message, verbose):
     """Upload a converted output DIR to the Hub as ORG/NAME, with a generated model card."""
-    from converter.output import read_manifest
     from converter.publish import check_write_access
+    from converter.targets import read_output
 
-    _guarded(lambda: read_manifest(out.expanduser().absolute()), verbose)
+    _guarded(lambda: read_output(out.expanduser().absolute()), verbose)
     _guarded(lambda: check_write_access(repo_id), verbose)
     _publish(out.expanduser().absolute(), repo_id, private, revision, create_pr, commit_message, verbose)
 
@@ -280,7 +280,7 @@ def _describe_output(manifest: dict) -> str:
         if "verified" in source:
             origin += f"\n  verified: {source['verified']}"
     elif "exported_from" in source:
-        earlier = source["flax_output"].get("source", {})
+        earlier = source.get("flax_output", {}).get("source", {})
         origin = f"exported from the Flax output {source['origin']} (made from {earlier.get('origin')})"
     elif "saved_from" in source:
         origin = f"saved by converter.save from {source['origin']}"
@@ -398,11 +398,21 @@ def _guarded(action, verbose: bool):
             traceback.print_exc()
         _fail(str(e), e.exit_code)
     except Exception as e:  # a bug, not bad input: one line, the traceback in a file
-        report = Path(tempfile.gettempdir()) / f"vae-convert-crash-{os.getpid()}.txt"
-        report.write_text(traceback.format_exc())
         if verbose:
             traceback.print_exc()
-        _fail(f"internal error (a bug in vae-convert): {type(e).__name__}: {str(e)[:200]}; traceback in {report}", 1)
+        _fail(f"internal error (a bug in vae-convert): {type(e).__name__}: {str(e)[:200]}; {_crash_report()}", 1)
+
+
+def _crash_report() -> str:
+    """Writes the traceback being handled to a new private file of an unpredictable name (never through a name someone
+    else made), and says where; says so instead when it cannot be written."""
+    try:
+        fd, report = tempfile.mkstemp(prefix="vae-convert-crash-", suffix=".txt")
+        with os.fdopen(fd, "w") as file:
+            file.write(traceback.format_exc())
+    except Exception as e:  # the report of a bug must not itself fail
+        return f"the traceback could not be saved ({type(e).__name__}: {e}); --verbose prints it"
+    return f"traceback in {report}"
 
 
 def _fail(message: str, code: int):

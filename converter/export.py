@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -18,11 +20,19 @@ from pathlib import Path
 
 import numpy as np
 
-from converter import __version__, mapping, validate
+from converter import __version__, mapping, untrusted, validate
 from converter.errors import InputError, OutputError, UsageError, ValidationError
 from converter.output import MANIFEST, TOOL, OutputFolder, write_json
-from converter.pipeline import Summary, failure_message, no_progress, record_validation, silent
+from converter.pipeline import (
+    Summary,
+    ensure_weights_fit_config,
+    failure_message,
+    no_progress,
+    record_validation,
+    silent,
+)
 from converter.registry import FAMILIES
+from converter.safetensors_io import SafetensorsFile
 from converter.targets import DTYPES, TARGETS, load_output, meta_torch, read_output
 
 FLAX, TORCHAX = TARGETS["flax"], TARGETS["torchax"]
@@ -49,7 +59,7 @@ def export(req: ExportRequest) -> Summary:
     folder.check_not_source([source])
     folder.check()
     if info.target is TORCHAX:
-        return _copy_diffusers_output(req, source, manifest, folder, started)
+        return _copy_diffusers_output(req, info, folder, started)
     source_dtype = info.dtype
     dtype = source_dtype if req.dtype == "auto" else DTYPES[req.dtype]
 
@@ -133,27 +143,44 @@ def _validate(req, family, config, source, work, record, out) -> list:
     return record_validation(outcome, record, work, out, req)
 
 
-def _copy_diffusers_output(req, source: Path, manifest: dict, folder: OutputFolder, started: float) -> Summary:
-    """A torchax output is diffusers' format already: copied as it is."""
-    if req.dtype not in ("auto", manifest.get("dtype")):
+def _copy_diffusers_output(req, info, folder: OutputFolder, started: float) -> Summary:
+    """A torchax output is diffusers' format already: its weights are copied as they are, its config and manifest
+    written as read, and the copy checked whole (a readable safetensors file holding every weight of the config, of
+    the manifest's dtype, nothing more) before it is committed."""
+    source, manifest = info.path, info.manifest
+    if req.dtype not in ("auto", info.dtype.name):
         raise UsageError(
-            f"{source} is a torchax output ({manifest.get('dtype')}), already in diffusers' format; to change its "
+            f"{source} is a torchax output ({info.dtype.name}), already in diffusers' format; to change its "
             f"dtype, convert it: vae-convert {manifest.get('model')} --source {source} --to torchax --dtype {req.dtype}"
         )
     req.say(f"{source} is a torchax output, already in diffusers' format: copying it")
+    name = TORCHAX.weight_files["safetensors"]
     with folder as work:
-        for name in ("config.json", TORCHAX.weight_files["safetensors"], MANIFEST):
-            if not (source / name).is_file():
-                raise InputError(f"{source}: {name} is missing; the output is incomplete or was changed by hand")
-            shutil.copy2(source / name, work / name)
+        _copy_regular_file(source / name, work / name)
+        weights = SafetensorsFile(work / name)
+        expected = {k: tuple(v.shape) for k, v in meta_torch(info.family, info.config).state_dict().items()}
+        ensure_weights_fit_config(info.family, expected, weights, f"{source / name}: ")
+        wrong = next((k for k, (_, dtype) in weights.specs.items() if dtype != info.dtype), None)
+        if wrong is not None:
+            raise InputError(f"{source / name}: {wrong} is {weights.specs[wrong][1]}, the manifest says {info.dtype}")
+        write_json(work / "config.json", info.config.to_dict())
+        write_json(work / MANIFEST, manifest)
         folder.commit()
-    weights = TORCHAX.read_weights(folder.out, "safetensors")
-    parameters = sum(int(np.prod(v.shape)) for v in weights.values())
-    nbytes = sum(v.nbytes for v in weights.values())
+    parameters = sum(math.prod(shape) for shape, _ in weights.specs.values())
     return Summary(
-        folder.out, "diffusers", "safetensors", manifest.get("dtype"), len(weights), parameters, nbytes,
-        time.monotonic() - started, [],
+        folder.out, "diffusers", "safetensors", info.dtype.name, len(weights.specs), parameters,
+        parameters * info.dtype.itemsize, time.monotonic() - started, [],
     )  # fmt: skip
+
+
+def _copy_regular_file(source: Path, target: Path):
+    """Copies a regular file (a FIFO or device refused) through the descriptor that was checked."""
+    fd = untrusted.open_regular(source)
+    try:
+        with os.fdopen(fd, "rb") as reader, open(target, "xb") as writer:
+            shutil.copyfileobj(reader, writer, 1 << 24)
+    except OSError as e:
+        raise OutputError(f"cannot copy {source.name} to {target.parent}: {e.strerror or e}") from None
 
 
 def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path:

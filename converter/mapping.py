@@ -407,7 +407,7 @@ def plan(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes:
 
 def target_path(key: str) -> tuple:
     """'encoder.down_blocks.10.conv1.kernel' -> ('encoder', 'down_blocks', 10, 'conv1', 'kernel')."""
-    return tuple(int(part) if part.isdigit() else part for part in key.split("."))
+    return tuple(int(part) if part.isascii() and part.isdigit() else part for part in key.split("."))
 
 
 def nested(flat: dict) -> dict:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import json
 import os
 import shutil
@@ -28,6 +29,7 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from converter import untrusted
 from converter.errors import InputError, OutputError
 
 MANIFEST = "vae_convert.json"
@@ -41,15 +43,67 @@ def write_json(path: Path, content: dict):
     path.write_text(json.dumps(content, indent=2) + "\n")
 
 
+must = untrusted.Required
+_CHECK = {
+    "output": must(str),
+    "shape": must([int]),
+    "max_abs": must(float),
+    "mean_abs": must(float),
+    "tol": must(float),
+    "ok": must(bool),
+}
+_SOURCE = {
+    "origin": must(str),
+    "files": [str],
+    "sha256": {str: str},
+    "revision": str,
+    "verified": str,
+    "format": str,
+    "dropped": {str: {"tensors": must(int), "bytes": must(int)}},
+    "exported_from": str,
+    "saved_from": str,
+    "flax_output": {"model": (str, None), "dtype": str, "source": must(dict), "version": str},
+}
+# What every reader of a manifest may rely on: the fields it uses, of these types, the required ones there.
+MANIFEST_SCHEMA = {
+    "tool": must(str),
+    "version": must(str),
+    "family": must(str),
+    "model": (str, None),
+    "target": must(str),
+    "format": must(str),
+    "dtype": must(str),
+    "mapping": {"file": must(str), "sha256": must(str)},
+    "source": must(_SOURCE),
+    "config_ignored": [str],
+    "validation": {
+        "rtol": must(float),
+        "ok": must(bool),
+        "checks": must([_CHECK]),
+        "preview": {"file": must(str), "max_abs": dict},
+    },
+}
+
+
 def read_manifest(path: Path) -> dict:
-    """The manifest of an output folder, or an InputError saying the folder is no vae-convert output."""
-    try:
-        manifest = json.loads((Path(path) / MANIFEST).read_text())
-    except (OSError, ValueError):
-        raise InputError(f"{path}: not a vae-convert output ({MANIFEST} is missing or unreadable)") from None
-    if not isinstance(manifest, dict) or manifest.get("tool") != TOOL:
+    """The manifest of an output folder, or an InputError saying the folder is no vae-convert output or its manifest
+    is damaged."""
+    where = Path(path) / MANIFEST
+    if not os.path.lexists(where):
+        raise InputError(f"{path}: not a vae-convert output ({MANIFEST} is missing)")
+    manifest = untrusted.read_json(where, schema=dict)
+    if manifest.get("tool") != TOOL:
         raise InputError(f"{path}: not a vae-convert output ({MANIFEST} was not written by {TOOL})")
+    untrusted.check(manifest, MANIFEST_SCHEMA, str(where))
+    for earlier in _earlier_sources(manifest.get("source", {})):
+        untrusted.check(earlier, _SOURCE, str(where))
     return manifest
+
+
+def _earlier_sources(source: dict):
+    while isinstance(source.get("flax_output"), dict) and "source" in source["flax_output"]:
+        source = source["flax_output"]["source"]
+        yield source
 
 
 def is_output(path: Path) -> bool:
@@ -68,7 +122,14 @@ def _describe(folder: Path, n: int = 3) -> str:
 
 
 def _sibling_prefix(out: Path, kind: str) -> str:
-    return f".{out.name}.{kind}-"
+    """The name start of --out's work and backup folders; a long name is shortened (kept apart from others by a
+    digest of it) so that the pid and random suffix still fit a file name's 255 bytes."""
+    name = out.name
+    if len(os.fsencode(name)) > 160:
+        name = (
+            os.fsencode(name)[:120].decode(errors="ignore") + "~" + hashlib.sha256(os.fsencode(name)).hexdigest()[:16]
+        )
+    return f".{name}.{kind}-"
 
 
 class OutputFolder:
@@ -94,6 +155,11 @@ class OutputFolder:
         """Why --out cannot be written now, or None; changes nothing (dry runs ask this)."""
         if not os.path.lexists(self.out):
             return None
+        if self.out.is_symlink():
+            return (
+                f"{self.out} is a symbolic link; refusing to write through it{' even with --force' * self.force}: "
+                f"give the real folder, or another --out"
+            )
         if not self._replaceable():
             return (
                 f"{self.out} exists and is not a vae-convert output (it holds {_describe(self.out)}); refusing "
@@ -199,8 +265,8 @@ class OutputFolder:
         if not parent.is_dir():
             return
         for kind in ("old", "tmp"):
-            prefix = _sibling_prefix(self.out, kind)
-            for folder in sorted(parent.glob(prefix + "*")):
+            prefix = _sibling_prefix(self.out, kind)  # compared as a string: --out may hold glob characters
+            for folder in sorted(p for p in parent.iterdir() if p.name.startswith(prefix)):
                 if _owner_alive(folder, prefix):
                     continue
                 if kind == "old" and self._put_back(folder):
@@ -210,7 +276,7 @@ class OutputFolder:
 
 def _owner_alive(folder: Path, prefix: str) -> bool:
     pid = folder.name[len(prefix) :].split("-", 1)[0]
-    if not pid.isdigit():
+    if not untrusted.ascii_digits(pid):
         return True  # not ours to touch
     try:
         os.kill(int(pid), 0)

@@ -170,9 +170,10 @@ def choose_dtype(requested: str, weights: sources.SourceWeights, say: Callable[[
     return dtype
 
 
-def ensure_weights_fit_config(family, expected: dict[str, tuple], weights: sources.SourceWeights):
-    """A diffusers-layout checkpoint against the PyTorch model its config describes (diffusers' names and shapes). A
-    mismatch here is bad input (wrong config, damaged checkpoint), told apart from mapping bugs found later."""
+def ensure_weights_fit_config(family, expected: dict[str, tuple], weights, where: str = ""):
+    """A diffusers-layout checkpoint (`weights.specs`) against the PyTorch model its config describes (diffusers'
+    names and shapes). A mismatch here is bad input (wrong config, damaged checkpoint), told apart from mapping bugs
+    found later."""
     unexpected = [k for k in weights.specs if k not in expected]
     missing = [k for k in expected if k not in weights.specs]
     wrong = [k for k in expected if k in weights.specs and tuple(weights.specs[k][0]) != expected[k]]
@@ -188,7 +189,7 @@ def ensure_weights_fit_config(family, expected: dict[str, tuple], weights: sourc
             f"{list(weights.specs[k][0])} in the checkpoint, the config implies {list(expected[k])}"
         )
     if problems:
-        raise InputError("; ".join(problems))
+        raise InputError(where + "; ".join(problems))
 
 
 def _first(keys: list[str], n: int = 3) -> str:

@@ -11,9 +11,8 @@ from pathlib import Path
 
 from converter import __version__, hub
 from converter.errors import OutputError, UsageError
-from converter.output import read_manifest
 from converter.registry import FAMILIES
-from converter.targets import TARGETS
+from converter.targets import TARGETS, read_output
 
 
 def check_write_access(repo_id: str):
@@ -135,7 +134,7 @@ def publish(
     the local folder as it was and nothing half-committed: a commit is one atomic call on the Hub's side."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
-    manifest = read_manifest(out_dir)
+    manifest = read_output(out_dir).manifest
     api = HfApi()
     message = (
         commit_message

@@ -5,6 +5,7 @@ the folder appears whole or not at all."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -23,8 +24,8 @@ def write_random_checkpoint(entry: ModelEntry, out: Path, small: bool, seed: int
     family = entry.family
     config = config_from_dict(family, {**entry.config, **small_config(entry)} if small else entry.config)
     folder = OutputFolder(out, force=False)
-    if folder.out.exists():
-        raise OutputError(f"{folder.out} exists; choose a new folder")
+    if os.path.lexists(folder.out):
+        raise OutputError(f"{folder.out} exists{' (a symbolic link)' * folder.out.is_symlink()}; choose a new folder")
     torch.manual_seed(seed)
     state = family.torch_model()(config).state_dict()
     with folder as work:

@@ -16,6 +16,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
+from converter import untrusted
 from converter.errors import InputError
 
 DTYPES = {
@@ -36,7 +37,7 @@ ALIGNMENT = 64
 
 
 def nbytes(shape: tuple[int, ...], dtype) -> int:
-    return int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return untrusted.nbytes(shape, np.dtype(dtype).itemsize)
 
 
 class SafetensorsFile:
@@ -46,7 +47,7 @@ class SafetensorsFile:
     def __init__(self, path: str | os.PathLike, copy_on_write: bool = False):
         self.path = Path(path)
         try:
-            with open(self.path, "rb") as f:
+            with os.fdopen(untrusted.open_regular(self.path), "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size < 8:
                     raise InputError(f"{self.path}: not a safetensors file ({size} bytes, too short for a header)")
@@ -61,13 +62,12 @@ class SafetensorsFile:
                 self._map = mmap.mmap(f.fileno(), 0, access=access) if size > 8 + header_len else None
         except OSError as e:
             raise InputError(f"{self.path}: cannot read ({e.strerror})") from None
-        try:
-            header = json.loads(header_bytes)
-            if not isinstance(header, dict):
-                raise ValueError("header is not a JSON object")
-        except (ValueError, UnicodeDecodeError):
-            raise InputError(f"{self.path}: not a safetensors file (its header is not valid JSON)") from None
+        header = untrusted.loads_json(header_bytes, f"{self.path}: not a safetensors file: its header")
+        if not isinstance(header, dict):
+            raise InputError(f"{self.path}: not a safetensors file (its header is not a JSON object)")
         self.metadata = header.pop("__metadata__", None) or {}
+        if not isinstance(self.metadata, dict):
+            raise InputError(f"{self.path}: corrupt header: __metadata__ is not an object")
         self._data_start = 8 + header_len
         data_size = size - self._data_start
         self.specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -84,22 +84,20 @@ class SafetensorsFile:
             raise InputError(f"{self.path}: corrupt or truncated: tensors end at byte {end}, the data has {data_size}")
 
     def _check_entry(self, name, entry, data_size):
-        try:
-            dtype = DTYPES[entry["dtype"]]
-            shape = tuple(int(d) for d in entry["shape"])
-            begin, end = (int(o) for o in entry["data_offsets"])
-        except (KeyError, TypeError, ValueError):
-            raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}") from None
+        if not (
+            isinstance(entry, dict)
+            and untrusted.check_value(entry, {"dtype": str, "shape": [int], "data_offsets": [int]})
+            and entry.get("dtype") in DTYPES
+            and isinstance(entry.get("shape"), list)
+            and len(entry.get("data_offsets", ())) == 2
+        ):
+            raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
+        dtype, shape = DTYPES[entry["dtype"]], tuple(entry["shape"])
+        begin, end = entry["data_offsets"]
         if any(d < 0 for d in shape) or not 0 <= begin <= end:
             raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
         if end > data_size:
             raise InputError(f"{self.path}: truncated (tensor {name!r} ends at byte {end} of {data_size})")
-        if (
-            not isinstance(entry["shape"], list)
-            or not isinstance(entry["data_offsets"], list)
-            or len(entry["data_offsets"]) != 2
-        ):
-            raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
         if (end - begin) != nbytes(shape, dtype):
             raise InputError(
                 f"{self.path}: corrupt header: tensor {name!r} has {end - begin} bytes for "

@@ -6,14 +6,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import json
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from converter import hub
+from converter import hub, untrusted
 from converter.errors import InputError
 from converter.registry import ModelEntry
 from converter.safetensors_io import SafetensorsFile
@@ -83,6 +83,7 @@ def _pickle_tensors(path: Path) -> tuple[dict, str | None]:
 
     import torch
 
+    os.close(untrusted.open_regular(path))  # a FIFO would make torch.load wait for a writer
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=_is_zip(path))
     except pickle.UnpicklingError as e:
@@ -122,16 +123,23 @@ def _keep():
 
 def _drop_pages(tensor):
     """A memory-mapped tensor's pages leave the resident set (clean file pages: read again from the file if touched),
-    as SafetensorsFile.release does, so streaming through a pickle does not grow memory by its size. Linux only."""
+    as SafetensorsFile.release does, so streaming through a pickle does not grow memory by its size. Linux only.
+
+    The range is the tensor's storage, which lies in the file's mapping, never its logical size: a pickle may hold
+    views (an expanded tensor has stride 0) whose logical size is far beyond the bytes behind them. Only pages wholly
+    inside the storage are released: its first and last may be shared with data outside it."""
     import ctypes
     import mmap
     import sys
 
-    if sys.platform != "linux" or tensor.nbytes == 0:
+    storage = tensor.untyped_storage()
+    if sys.platform != "linux" or not tensor.is_contiguous() or storage.nbytes() != tensor.nbytes:
         return
-    begin = tensor.data_ptr() // mmap.PAGESIZE * mmap.PAGESIZE
-    end = tensor.data_ptr() + tensor.nbytes
-    ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(begin), ctypes.c_size_t(end - begin), mmap.MADV_DONTNEED)
+    begin = -(-storage.data_ptr() // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = (storage.data_ptr() + storage.nbytes()) // mmap.PAGESIZE * mmap.PAGESIZE
+    if end > begin:
+        madvise = ctypes.CDLL(None, use_errno=True).madvise
+        madvise(ctypes.c_void_p(begin), ctypes.c_size_t(end - begin), mmap.MADV_DONTNEED)
 
 
 def _is_zip(path: Path) -> bool:
@@ -233,13 +241,8 @@ def resolve(entry: ModelEntry, source: str | None, revision: str | None, offline
 
 
 def read_config(path: Path) -> dict:
-    try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: not a readable JSON config ({e})") from None
-    if not isinstance(config, dict):
-        raise InputError(f"{path}: a config must be a JSON object")
-    return config
+    """A JSON object from a file: a config.json, or a shard index."""
+    return untrusted.read_json(path, schema=dict)
 
 
 def _from_path(path: Path) -> Source:
@@ -277,6 +280,14 @@ def _shards(index_path: Path) -> list[Path]:
     weight_map = index.get("weight_map")
     if not isinstance(weight_map, dict) or not weight_map:
         raise InputError(f"{index_path}: an index needs a non-empty 'weight_map'")
+    untrusted.check(weight_map, {str: str}, str(index_path), at=".weight_map")
+    # refused before anything is opened: an index names files beside it, never elsewhere
+    outside = sorted({name for name in weight_map.values() if not untrusted.plain_file_name(name)})
+    if outside:
+        raise InputError(
+            f"{index_path}: the index names {outside[0]!r}, not a file name beside the index; shards must lie in "
+            f"its folder"
+        )
     files = [index_path.parent / name for name in sorted(set(weight_map.values()))]
     missing = [p.name for p in files if not p.exists()]
     if missing:

@@ -22,14 +22,16 @@ import math
 import mmap
 import os
 import pickle
+import stat
 import sys
-import warnings
+import tempfile
 from pathlib import Path
 from typing import NamedTuple
 
 import ml_dtypes
 import numpy as np
 
+from converter import untrusted
 from converter.errors import InputError
 from converter.mapping import nested, target_path
 from converter.models.common.spec import FamilySpec
@@ -260,40 +262,79 @@ def _models_digest() -> str:
 
 def _read_structure(entry: Path) -> tuple[bytes, FlaxStructure] | None:
     """A kept structure (its pickle and itself), or None when there is none, it is damaged, or someone else could
-    have written it (another user's, or writable by others: unpickling runs code); it is then made anew."""
+    have written it (unpickling runs code): the entry must be a regular file of ours, not a link, writable by us
+    alone, in a folder of ours that only we can write (`_private_folder`). It is then made anew."""
     from flax import nnx
 
+    if not _private_folder(entry.parent):
+        return None
     try:
-        with open(entry, "rb", buffering=0) as file:
+        fd = os.open(entry, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:  # missing, or a symbolic link (ELOOP)
+        return None
+    try:
+        with os.fdopen(fd, "rb", buffering=0) as file:
             status = os.fstat(file.fileno())
-            if status.st_uid != os.getuid() or status.st_mode & 0o022:
+            if not _ours_alone(status) or status.st_nlink != 1:
                 return None
             kept = file.read()
         structure = pickle.loads(kept)
-    except Exception:  # missing, truncated or foreign: unpickling raises any of a dozen types
+    except Exception:  # truncated or foreign: unpickling raises any of a dozen types
         return None
     whole = isinstance(structure, FlaxStructure) and isinstance(structure.model, nnx.Module)
     return (kept, structure) if whole else None
 
 
+def _ours_alone(status: os.stat_result) -> bool:
+    return status.st_uid == os.getuid() and not status.st_mode & 0o022
+
+
+_REFUSED_FOLDERS: set[Path] = set()
+
+
+def _private_folder(folder: Path) -> bool:
+    """Whether the structure cache's folder is ours and writable by us alone; says once when it is not (the cache
+    is then not used: anyone who can write there could make us unpickle their code)."""
+    try:
+        status = os.stat(folder)
+    except OSError:
+        return False
+    if stat.S_ISDIR(status.st_mode) and _ours_alone(status):
+        return True
+    if folder not in _REFUSED_FOLDERS:
+        _REFUSED_FOLDERS.add(folder)
+        _note(
+            f"the model structure cache {folder} is not used: it is not a folder of this user's that only this user "
+            f"can write; set {STRUCTURE_CACHE_ENV} to a private folder, or to off"
+        )
+    return False
+
+
+def _note(message: str):
+    """One line on stderr, for what a user should know that does not stop the work."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"vae-convert: note: {message}\n")
+
+
 def _write_structure(entry: Path, kept: bytes) -> None:
-    """Keeps a structure whole or not at all (another process may be reading the entry); a cache that cannot be
-    written is warned of, not fatal."""
-    temporary = entry.with_name(f".{entry.name}.{os.getpid()}")
+    """Keeps a structure whole or not at all (another process may be reading the entry): written to a new file of an
+    unpredictable name (never through a name someone else made), then renamed over the entry; a cache that cannot be
+    written is noted, not fatal."""
+    temporary = None
     try:
         entry.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "wb") as file:
+        if not _private_folder(entry.parent):
+            return
+        fd, temporary = tempfile.mkstemp(prefix=f".{entry.name}.", dir=entry.parent)
+        with os.fdopen(fd, "wb") as file:
             file.write(kept)
         os.replace(temporary, entry)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            temporary.unlink(missing_ok=True)
-        warnings.warn(
-            f"vae-convert: the model structure is not kept in {entry.parent} ({e}); set {STRUCTURE_CACHE_ENV} to "
-            "another folder, or to off",
-            stacklevel=2,
-        )
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+        _note(f"the model structure is not kept in {entry.parent} ({e.strerror or e}); set {STRUCTURE_CACHE_ENV} "
+              f"to another folder, or to off")  # fmt: skip
 
 
 class _NoKeys:
@@ -315,7 +356,7 @@ def _zarr_leaves(item_dir: Path) -> dict[str, np.ndarray]:
     # os's calls on plain strings: Python's file objects and pathlib cost more than the reads and maps themselves
     for entry in os.scandir(item_dir):
         try:
-            meta = json.loads(_read_small(os.path.join(entry.path, ".zarray")))
+            meta = untrusted.loads_json(_read_small(os.path.join(entry.path, ".zarray")), entry.name, ValueError)
         except (FileNotFoundError, NotADirectoryError):  # not a leaf's folder
             continue
         leaves[entry.name] = _zarr_leaf(entry.path, meta)
@@ -323,7 +364,7 @@ def _zarr_leaves(item_dir: Path) -> dict[str, np.ndarray]:
 
 
 def _read_small(path: str) -> bytes:
-    fd = os.open(path, os.O_RDONLY)
+    fd = untrusted.os_open_regular(path)
     try:
         return os.read(fd, 1 << 16)
     finally:
@@ -343,14 +384,15 @@ def _zarr_leaf(folder: str, meta: dict) -> np.ndarray:
     the whole array, as Orbax writes it with ORBAX_SAVING. A missing or cut data file is damage (Orbax writes every
     chunk, zeros too), not zarr's fill value."""
     name = os.path.basename(folder)
+    untrusted.check(meta, {"shape": [int], "dtype": str, "dimension_separator": str}, name, ValueError)
     shape, dtype = tuple(meta.get("shape", ())), _ZARR_DTYPES.get(meta.get("dtype"))
     plain = {"chunks": list(shape), "compressor": None, "filters": None, "order": "C", "zarr_format": 2}
-    if dtype is None or any(meta.get(k) != v for k, v in plain.items()):
+    if dtype is None or any(d < 0 for d in shape) or any(meta.get(k) != v for k, v in plain.items()):
         raise ValueError(f"{name}: not laid out as vae-convert writes it ({os.path.join(folder, '.zarray')})")
     size = nbytes(shape, dtype)
     chunk = os.path.join(folder, meta.get("dimension_separator", ".").join(["0"] * len(shape)))
     try:
-        fd = os.open(chunk, os.O_RDONLY)
+        fd = untrusted.os_open_regular(chunk)
         try:  # read, a byte more than the array so that a longer file shows as one, or mapped
             data = os.read(fd, size + 1) if size < MAPPED_FROM_BYTES else mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
         finally:
@@ -465,10 +507,7 @@ def read_output(path: str | Path) -> OutputInfo:
         or manifest.get("format") not in target.formats
     ):
         raise InputError(f"{path}: the manifest names an unknown family, target, format or dtype")
-    try:
-        raw = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        raise InputError(f"{path}: config.json is missing or unreadable") from None
+    raw = untrusted.read_json(path / "config.json", schema=dict)
     if raw.get("_class_name") != family.class_name:
         raise InputError(
             f"{path}: config.json is for {raw.get('_class_name')}, but the manifest says family {family.name} "
