@@ -157,7 +157,7 @@ def _copy_diffusers_output(req, info, folder: OutputFolder, started: float) -> S
     name = TORCHAX.weight_files["safetensors"]
     with folder as work:
         _copy_regular_file(source / name, work / name)
-        weights = SafetensorsFile(work / name)
+        weights = SafetensorsFile(work / name, shown=source / name)
         expected = {k: tuple(v.shape) for k, v in meta_torch(info.family, info.config).state_dict().items()}
         ensure_weights_fit_config(info.family, expected, weights, f"{source / name}: ")
         wrong = next((k for k, (_, dtype) in weights.specs.items() if dtype != info.dtype), None)

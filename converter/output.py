@@ -85,15 +85,22 @@ MANIFEST_SCHEMA = {
 }
 
 
-def read_manifest(path: Path) -> dict:
-    """The manifest of an output folder, or an InputError saying the folder is no vae-convert output or its manifest
-    is damaged."""
+def _tool_manifest(path: Path) -> dict:
+    """The manifest of a folder vae-convert wrote (its `tool` says so), fields unchecked."""
     where = Path(path) / MANIFEST
     if not os.path.lexists(where):
         raise InputError(f"{path}: not a vae-convert output ({MANIFEST} is missing)")
     manifest = untrusted.read_json(where, schema=dict)
     if manifest.get("tool") != TOOL:
         raise InputError(f"{path}: not a vae-convert output ({MANIFEST} was not written by {TOOL})")
+    return manifest
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of an output folder, or an InputError saying the folder is no vae-convert output or its manifest
+    is damaged."""
+    manifest = _tool_manifest(path)
+    where = Path(path) / MANIFEST
     untrusted.check(manifest, MANIFEST_SCHEMA, str(where))
     for earlier in _earlier_sources(manifest.get("source", {})):
         untrusted.check(earlier, _SOURCE, str(where))
@@ -107,8 +114,9 @@ def _earlier_sources(source: dict):
 
 
 def is_output(path: Path) -> bool:
+    """Whether vae-convert wrote the folder (so --force may replace it), whole or not."""
     try:
-        read_manifest(path)
+        _tool_manifest(path)
     except InputError:
         return False
     return True

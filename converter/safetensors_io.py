@@ -44,30 +44,31 @@ class SafetensorsFile:
     """Tensors of one .safetensors file as numpy views of a memory map: read-only, or with `copy_on_write` writable
     (a write stays in this process; the file is never changed), for models that use the weights in place."""
 
-    def __init__(self, path: str | os.PathLike, copy_on_write: bool = False):
+    def __init__(self, path: str | os.PathLike, copy_on_write: bool = False, shown: str | os.PathLike | None = None):
         self.path = Path(path)
+        self.shown = shown or self.path  # what messages call it (a copy is named as its original)
         try:
-            with os.fdopen(untrusted.open_regular(self.path), "rb") as f:
+            with os.fdopen(untrusted.open_regular(self.path, str(self.shown)), "rb") as f:
                 size = os.fstat(f.fileno()).st_size
                 if size < 8:
-                    raise InputError(f"{self.path}: not a safetensors file ({size} bytes, too short for a header)")
+                    raise InputError(f"{self.shown}: not a safetensors file ({size} bytes, too short for a header)")
                 (header_len,) = struct.unpack("<Q", f.read(8))
                 if header_len > min(size - 8, MAX_HEADER):
                     raise InputError(
-                        f"{self.path}: not a safetensors file, or truncated "
+                        f"{self.shown}: not a safetensors file, or truncated "
                         f"(header claims {header_len} bytes, file has {size})"
                     )
                 header_bytes = f.read(header_len)
                 access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
                 self._map = mmap.mmap(f.fileno(), 0, access=access) if size > 8 + header_len else None
         except OSError as e:
-            raise InputError(f"{self.path}: cannot read ({e.strerror})") from None
-        header = untrusted.loads_json(header_bytes, f"{self.path}: not a safetensors file: its header")
+            raise InputError(f"{self.shown}: cannot read ({e.strerror})") from None
+        header = untrusted.loads_json(header_bytes, f"{self.shown}: not a safetensors file: its header")
         if not isinstance(header, dict):
-            raise InputError(f"{self.path}: not a safetensors file (its header is not a JSON object)")
+            raise InputError(f"{self.shown}: not a safetensors file (its header is not a JSON object)")
         self.metadata = header.pop("__metadata__", None) or {}
         if not isinstance(self.metadata, dict):
-            raise InputError(f"{self.path}: corrupt header: __metadata__ is not an object")
+            raise InputError(f"{self.shown}: corrupt header: __metadata__ is not an object")
         self._data_start = 8 + header_len
         data_size = size - self._data_start
         self.specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -78,10 +79,12 @@ class SafetensorsFile:
         end = 0
         for name, (begin, stop) in sorted(self._offsets.items(), key=lambda item: item[1]):
             if begin != end:
-                raise InputError(f"{self.path}: corrupt header: tensor {name!r} starts at byte {begin}, expected {end}")
+                raise InputError(
+                    f"{self.shown}: corrupt header: tensor {name!r} starts at byte {begin}, expected {end}"
+                )
             end = stop
         if end != data_size:
-            raise InputError(f"{self.path}: corrupt or truncated: tensors end at byte {end}, the data has {data_size}")
+            raise InputError(f"{self.shown}: corrupt or truncated: tensors end at byte {end}, the data has {data_size}")
 
     def _check_entry(self, name, entry, data_size):
         if not (
@@ -91,16 +94,16 @@ class SafetensorsFile:
             and isinstance(entry.get("shape"), list)
             and len(entry.get("data_offsets", ())) == 2
         ):
-            raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
+            raise InputError(f"{self.shown}: corrupt header entry for tensor {name!r}")
         dtype, shape = DTYPES[entry["dtype"]], tuple(entry["shape"])
         begin, end = entry["data_offsets"]
         if any(d < 0 for d in shape) or not 0 <= begin <= end:
-            raise InputError(f"{self.path}: corrupt header entry for tensor {name!r}")
+            raise InputError(f"{self.shown}: corrupt header entry for tensor {name!r}")
         if end > data_size:
-            raise InputError(f"{self.path}: truncated (tensor {name!r} ends at byte {end} of {data_size})")
+            raise InputError(f"{self.shown}: truncated (tensor {name!r} ends at byte {end} of {data_size})")
         if (end - begin) != nbytes(shape, dtype):
             raise InputError(
-                f"{self.path}: corrupt header: tensor {name!r} has {end - begin} bytes for "
+                f"{self.shown}: corrupt header: tensor {name!r} has {end - begin} bytes for "
                 f"shape {list(shape)} {entry['dtype']}"
             )
         self.specs[name] = (shape, dtype)

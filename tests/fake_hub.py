@@ -257,7 +257,13 @@ class FakeHub:
                     log = repo.log or [{"id": repo.sha, "title": "initial commit"}]
                     return self._json(
                         [
-                            {"id": c["id"], "title": c["title"], "message": "", "authors": [], "date": "2026-01-01T00:00:00.000Z"}
+                            {
+                                "id": c["id"],
+                                "title": c["title"],
+                                "message": "",
+                                "authors": [],
+                                "date": "2026-01-01T00:00:00.000Z",
+                            }
                             for c in log
                         ]
                     )

@@ -1,0 +1,352 @@
+"""Crafted checkpoints and folders (docs/security.md): each finding of the adversarial pass ends in a correct result or
+one line with a documented exit code; nothing runs, crashes, hangs, reads outside or is left half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import struct
+import subprocess
+import sys
+import time
+
+import click
+import numpy as np
+import pytest
+import torch
+
+import converter
+from converter import cli, targets
+from converter.errors import InputError, OutputError
+from converter.registry import MODELS, config_from_dict
+from converter.safetensors_io import SafetensorsFile
+from tests.helpers import REPO, earlier_output, fails, manifest, only, run_cli
+
+WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+class RunsCode:
+    """Unpickled, it creates a file: proof that code ran."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@pytest.fixture(scope="module")
+def torchax_output(wan_small, tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "torchax"
+    run_cli("wan2.1", "--source", wan_small[0], "--to", "torchax", "--out", out, "--no-validate")
+    return out
+
+
+@pytest.fixture(scope="module")
+def flax_output(wan_small, tmp_path_factory):
+    out = tmp_path_factory.mktemp("outputs") / "flax"
+    run_cli("wan2.1", "--source", wan_small[0], "--to", "flax", "--out", out, "--no-validate")
+    return out
+
+
+def _copy(output, tmp_path, name="copy"):
+    return shutil.copytree(output, tmp_path / name, symlinks=True)
+
+
+def test_expanded_views_in_a_pickle_convert_to_their_values(tmp_path):
+    """Every tensor of the full-size Wan 2.1 state dict an expanded view of one float (stride 0): the page release
+    must stay within the bytes behind each tensor, and the output holds the expanded values."""
+    entry = MODELS["wan2.1"]
+    config = config_from_dict(entry.family, entry.config)
+    shapes = {k: tuple(v.shape) for k, v in targets.meta_torch(entry.family, config).state_dict().items()}
+    values = {k: float(i % 7) + 0.5 for i, k in enumerate(shapes)}
+    source = tmp_path / "vae"
+    source.mkdir()
+    torch.save({k: torch.tensor([values[k]]).expand(*shape) for k, shape in shapes.items()}, source / "vae.bin")
+    assert (source / "vae.bin").stat().st_size < 200_000
+    run_cli("wan2.1", "--source", source / "vae.bin", "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
+    written = SafetensorsFile(tmp_path / "out" / WEIGHTS)
+    assert set(written.keys()) == set(shapes)
+    for key in written.keys():
+        array = written[key]
+        assert array.shape == shapes[key] and array.min() == array.max() == values[key], key
+
+
+def _structure_entry(tmp_path, monkeypatch):
+    from converter.models.wan.config import WanVAEConfig
+
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    monkeypatch.setenv(targets.STRUCTURE_CACHE_ENV, str(cache))
+    return targets._structure_entry("wan", WanVAEConfig(), np.dtype(np.float32))
+
+
+def test_a_planted_link_in_the_structure_cache_runs_nothing(tmp_path, monkeypatch):
+    entry = _structure_entry(tmp_path, monkeypatch)
+    marker, bait = tmp_path / "code-ran", tmp_path / "bait.pickle"
+    bait.write_bytes(pickle.dumps(RunsCode(marker)))  # the user's own file, private, holding another's bytes
+    bait.chmod(0o600)
+    entry.symlink_to(bait)
+    assert targets._read_structure(entry) is None and not marker.exists()
+    entry.unlink()
+    os.link(bait, entry)  # a hard link: the same file, two names
+    assert targets._read_structure(entry) is None and not marker.exists()
+
+
+def test_a_structure_cache_folder_others_can_write_is_not_used(tmp_path, monkeypatch, capsys):
+    entry = _structure_entry(tmp_path, monkeypatch)
+    marker = tmp_path / "code-ran"
+    entry.write_bytes(pickle.dumps(RunsCode(marker)))
+    entry.chmod(0o600)
+    entry.parent.chmod(0o777)
+    assert targets._read_structure(entry) is None and targets._read_structure(entry) is None
+    assert not marker.exists()
+    notes = [line for line in capsys.readouterr().err.splitlines() if "structure cache" in line]
+    assert len(notes) == 1 and "only this user can write" in notes[0]  # said once
+    targets._write_structure(entry, b"kept")
+    assert entry.read_bytes() != b"kept"
+
+
+def test_a_planted_temporary_clobbers_nothing(tmp_path, monkeypatch):
+    entry = _structure_entry(tmp_path, monkeypatch)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file")
+    for pid in range(os.getpid() - 2, os.getpid() + 3):  # the names a writer of a predictable name would use
+        (entry.parent / f".{entry.name}.{pid}").symlink_to(victim)
+    targets._write_structure(entry, b"kept")
+    assert victim.read_text() == "the user's file" and entry.read_bytes() == b"kept"
+    assert not entry.is_symlink() and entry.stat().st_mode & 0o777 == 0o600
+
+
+def test_an_unwritable_structure_cache_is_one_note(tmp_path, monkeypatch, capsys):
+    entry = _structure_entry(tmp_path, monkeypatch)
+    entry.parent.rmdir()
+    entry.parent.write_text("a file where the folder would go")
+    targets._write_structure(entry, b"kept")
+    err = capsys.readouterr().err
+    assert err.startswith("vae-convert: note: the model structure is not kept") and err.count("\n") == 1
+    assert "Warning" not in err and ".py" not in err
+
+
+@pytest.mark.parametrize("squat", ["link", "folder", "no-temporary-folder"])
+def test_the_crash_report_never_writes_through_a_planted_name(tmp_path, monkeypatch, capsys, squat):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("the user's file")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "tmp"))
+    if squat != "no-temporary-folder":
+        (tmp_path / "tmp").mkdir()
+    predictable = tmp_path / "tmp" / f"vae-convert-crash-{os.getpid()}.txt"
+    if squat == "link":
+        predictable.symlink_to(victim)
+    elif squat == "folder":
+        predictable.mkdir()
+
+    def bug():
+        raise RuntimeError("a bug")
+
+    with pytest.raises(click.exceptions.Exit) as exit_:
+        cli._guarded(bug, verbose=False)
+    err = capsys.readouterr().err
+    assert exit_.value.exit_code == 1 and err.count("\n") == 1 and "internal error" in err
+    assert victim.read_text() == "the user's file"
+    if squat == "unwritable" and os.getuid() != 0:
+        assert "could not be saved" in err
+    else:
+        report = err.split("traceback in ")[-1].strip()
+        assert "could not be saved" in err or (
+            os.stat(report).st_mode & 0o777 == 0o600 and "a bug" in open(report).read()
+        )
+
+
+@pytest.mark.parametrize("damage", ["truncated", "other-tensors", "link-outside", "fifo"])
+def test_export_of_a_damaged_torchax_output_leaves_nothing(torchax_output, tmp_path, damage):
+    source = _copy(torchax_output, tmp_path)
+    weights = source / WEIGHTS
+    if damage == "truncated":
+        weights.write_bytes(weights.read_bytes()[:-1000])
+    elif damage == "other-tensors":
+        from safetensors.numpy import save_file
+
+        save_file({"encoder.conv_in.weight": np.zeros((1,), np.float32)}, weights)
+    elif damage == "link-outside":
+        weights.unlink()
+        weights.symlink_to("/etc/passwd")
+    else:
+        weights.unlink()
+        os.mkfifo(weights)
+    out = tmp_path / "exported"
+    fails(["export", source, "--out", out], InputError.exit_code, str(source), out=out)
+
+
+MANIFEST_DAMAGE = {
+    "source-a-string": {"source": "x"},
+    "validation-without-checks": {"validation": {"ok": True}},
+    "mapping-a-list": {"mapping": [1]},
+    "family-a-list": {"family": [1]},
+    "dtype-a-number": {"dtype": 5},
+    "checks-of-strings": {"validation": {"rtol": 1e-4, "ok": True, "checks": ["x"]}},
+    "no-source": {"source": None},
+}
+
+
+@pytest.mark.parametrize("damage", list(MANIFEST_DAMAGE), ids=list(MANIFEST_DAMAGE))
+def test_manifest_fields_of_the_wrong_type(flax_output, tmp_path, damage):
+    source = _copy(flax_output, tmp_path)
+    record = {**manifest(source), **MANIFEST_DAMAGE[damage]}
+    (source / "vae_convert.json").write_text(json.dumps(record))
+    for args in (["info", source], ["export", source, "--out", tmp_path / "out"]):
+        fails(args, InputError.exit_code, "vae_convert.json", out=tmp_path / "out")
+    with pytest.raises(InputError):
+        converter.load(source)
+
+
+@pytest.mark.parametrize("config", [[1, 2], "x", {"_class_name": ["AutoencoderKLWan"]}])
+def test_a_config_of_the_wrong_type(flax_output, wan_small, tmp_path, config):
+    source = _copy(flax_output, tmp_path)
+    (source / "config.json").write_text(json.dumps(config))
+    fails(["export", source, "--out", tmp_path / "out"], InputError.exit_code, out=tmp_path / "out")
+    with pytest.raises(InputError):
+        converter.load(source)
+    checkpoint = shutil.copytree(wan_small[0], tmp_path / "checkpoint")
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    fails(["wan2.1", "--source", checkpoint, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code)
+
+
+def _safetensors_with_header(path, header: bytes, data: bytes = b""):
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+@pytest.mark.parametrize("where", ["config", "--config", "manifest", "safetensors-header"])
+def test_deeply_nested_json_is_refused(wan_small, flax_output, tmp_path, where):
+    nested = b"[" * 100_000
+    if where == "manifest":
+        source = _copy(flax_output, tmp_path)
+        (source / "vae_convert.json").write_bytes(b'{"tool": "vae-convert", "x": ' + b"[" * 50_000)
+        fails(["info", source], InputError.exit_code, "nested more than")
+        return
+    checkpoint = shutil.copytree(wan_small[0], tmp_path / "checkpoint")
+    args = ["wan2.1", "--source", checkpoint, "--to", "flax", "--out", tmp_path / "out"]
+    if where == "config":
+        (checkpoint / "config.json").write_bytes(nested)
+    elif where == "--config":
+        (tmp_path / "deep.json").write_bytes(nested)
+        args += ["--config", tmp_path / "deep.json"]
+    else:
+        _safetensors_with_header(checkpoint / WEIGHTS, b'{"a": ' + b"[" * 50_000 + b"]" * 50_000 + b"}")
+    fails(args, InputError.exit_code, "nested more than", out=tmp_path / "out")
+
+
+def test_a_shape_whose_size_wraps_around_is_refused(wan_small, tmp_path):
+    checkpoint = shutil.copytree(wan_small[0], tmp_path / "checkpoint")
+    header = {"encoder.conv_in.bias": {"dtype": "F32", "shape": [32, 2**59 + 1], "data_offsets": [0, 128]}}
+    _safetensors_with_header(checkpoint / WEIGHTS, json.dumps(header).encode(), b"\0" * 128)
+    fails(
+        ["wan2.1", "--source", checkpoint, "--to", "flax", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        "corrupt header",
+    )
+
+
+def test_a_key_with_a_unicode_digit_is_bad_input(wan_small, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    out = tmp_path / "flax-safetensors"
+    args = ("--to", "flax", "--format", "safetensors", "--out", out, "--no-validate")
+    run_cli("wan2.1", "--source", wan_small[0], *args)
+    weights = out / targets.TARGETS["flax"].weight_files["safetensors"]
+    state = load_file(weights)
+    key = next(k for k in state if ".0." in k)
+    state[key.replace(".0.", ".\u00b2.", 1)] = state.pop(key)  # '²'.isdigit() is true; int('²') fails
+    save_file(state, weights)
+    with pytest.raises(InputError):
+        converter.load(out)
+    fails(["export", out, "--out", tmp_path / "exported"], InputError.exit_code, out=tmp_path / "exported")
+
+
+@pytest.mark.parametrize("entry", ["/etc/passwd", "../outside.safetensors", "sub/shard.safetensors", "fifo"])
+def test_a_shard_index_names_only_files_beside_it(wan_small, tmp_path, entry):
+    checkpoint = shutil.copytree(wan_small[0], tmp_path / "checkpoint")
+    weights = SafetensorsFile(checkpoint / WEIGHTS)
+    if entry == "fifo":
+        os.mkfifo(checkpoint / "fifo")
+    (checkpoint / WEIGHTS).unlink()
+    (tmp_path / "outside.safetensors").write_bytes(b"\0" * 8)
+    index = {"weight_map": dict.fromkeys(weights.keys(), entry)}
+    (checkpoint / f"{WEIGHTS}.index.json").write_text(json.dumps(index))
+    started = time.monotonic()
+    message = "not a regular file" if entry == "fifo" else f"the index names {entry!r}, not a file name beside"
+    line = fails(
+        ["wan2.1", "--source", checkpoint, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code, message
+    )
+    assert time.monotonic() - started < 60 and "root:" not in line
+
+
+def test_leftovers_are_matched_by_name_not_by_glob(wan_small, tmp_path):
+    killed_backup = tmp_path / ".ckpt.old-999999999-abc"  # a killed --force run's backup of ckpt, never ours
+    earlier_output(killed_backup / "previous", "ckpt's previous output")
+    run_cli("wan2.1", "--source", wan_small[0], "--to", "torchax", "--out", tmp_path / "ck?t", "--no-validate")
+    assert "restored" not in (tmp_path / "ck?t" / "vae_convert.json").read_text()
+    assert (killed_backup / "previous" / "old.txt").exists() and not (tmp_path / "ck?t" / "old.txt").exists()
+    own_backup = tmp_path / ".ck[1].old-999999999-abc"
+    earlier_output(own_backup / "previous", "ck[1]'s previous output")
+    result = run_cli(
+        "wan2.1", "--source", wan_small[0], "--to", "torchax", "--out", tmp_path / "ck[1]", "--force", "--no-validate"
+    )
+    assert "restored the previous output" in result.stderr and not own_backup.exists()
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_manifests_and_configs_that_never_end(flax_output, wan_small, tmp_path, kind):
+    def plant(path):
+        path.unlink(missing_ok=True)
+        if kind == "fifo":
+            os.mkfifo(path)
+        else:
+            path.symlink_to("/dev/zero")
+
+    source = _copy(flax_output, tmp_path)
+    plant(source / "vae_convert.json")
+    started = time.monotonic()
+    fails(["info", source], InputError.exit_code, "not a regular file")
+    fails(
+        ["wan2.1", "--source", wan_small[0], "--to", "flax", "--out", source, "--force"],
+        OutputError.exit_code,
+        "not a vae-convert output",
+    )
+    checkpoint = shutil.copytree(wan_small[0], tmp_path / "checkpoint")
+    plant(checkpoint / "config.json")
+    fails(["wan2.1", "--source", checkpoint, "--to", "flax", "--out", tmp_path / "o"], 3, "not a regular file")
+    plant(tmp_path / "weights.safetensors")
+    fails(["wan2.1", "--source", tmp_path / "weights.safetensors", "--to", "flax", "--out", tmp_path / "o"], 3)
+    assert time.monotonic() - started < 120
+
+
+def test_an_out_that_is_a_link_to_an_output_says_so(flax_output, wan_small, tmp_path):
+    (tmp_path / "link").symlink_to(flax_output)
+    fails(
+        ["wan2.1", "--source", wan_small[0], "--to", "flax", "--out", tmp_path / "link", "--force"],
+        OutputError.exit_code,
+        "is a symbolic link",
+    )
+    (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
+    line = fails(["random-checkpoint", "wan2.1", tmp_path / "dangling", "--small"], OutputError.exit_code, "exists")
+    assert "--force" not in line
+
+
+def test_a_long_out_name_converts(wan_small, tmp_path):
+    out = tmp_path / ("o" * 240)
+    run_cli("wan2.1", "--source", wan_small[0], "--to", "torchax", "--out", out, "--no-validate")
+    only(tmp_path, out.name)
+
+
+def test_a_deleted_working_folder_is_one_line(tmp_path):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"cd {gone} && rmdir {gone} && exec {sys.executable} -m converter list"
+    result = subprocess.run(
+        ["sh", "-c", script], capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    assert result.returncode == InputError.exit_code, result.stderr
+    assert result.stderr.startswith("error: the current folder no longer exists") and result.stderr.count("\n") == 1
