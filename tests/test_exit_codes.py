@@ -194,11 +194,13 @@ def test_fetching_without_a_network_says_what_works_offline(tmp_path, monkeypatc
     assert "--offline" in line and "--source" in line
 
 
-def test_publish_checks_the_folder_first_and_names_only_typed_options(tmp_path, monkeypatch):
+def test_publish_checks_the_folder_first_and_names_only_typed_options(wan_small, tmp_path, monkeypatch):
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     (tmp_path / "not-an-output").mkdir()
     fails(["publish", tmp_path / "not-an-output", "me/wan"], InputError.exit_code, "not a vae-convert output")
-    out = earlier_output(tmp_path / "out")
+    fails(["publish", earlier_output(tmp_path / "damaged"), "me/wan"], InputError.exit_code, "version is missing")
+    out = tmp_path / "out"
+    run_cli("wan2.1", "--source", wan_small[0], "--to", "torchax", "--out", out, "--no-validate")
     line = fails(["publish", out, "justname"], 2, "ORG/NAME", "'justname'")
     assert "--push-to-hub" not in line

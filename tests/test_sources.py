@@ -38,10 +38,13 @@ def test_registry_model_resolves_from_the_hub_cache_offline(wan_small, tmp_path,
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     run_cli("wan2.1", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+    digest = hashlib.sha256((source / "diffusion_pytorch_model.safetensors").read_bytes()).hexdigest()
     assert manifest(tmp_path / "out")["source"] == {
         "origin": REPO_ID,
         "files": ["diffusion_pytorch_model.safetensors"],
         "revision": commit,
+        "sha256": {"diffusion_pytorch_model.safetensors": digest},
+        "verified": "sha256 equal to the Hub's",
         "format": "diffusers",
     }
 
