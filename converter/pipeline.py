@@ -237,6 +237,15 @@ def source_config(req: Request, source: sources.Source, fmt) -> dict:
     return source.config
 
 
+def config_origin(req: Request, source: sources.Source, fmt) -> str:
+    """Where `source_config` took the config from, for messages."""
+    if req.config_file is not None:
+        return f"{req.config_file} (over {req.model.name}'s config)"
+    if source.config is None or fmt.renames:
+        return f"{req.model.name}'s config"
+    return str(source.config_file)
+
+
 def make_plan(req: Request, source: sources.Source) -> Plan:
     """Everything checkable before writing: the source's format, the config's family and variant, the weights against
     the config, every key's rule."""
@@ -247,7 +256,7 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     fmt = source_formats.detect(weights, req.model, rules, req.source_format, source.weight_files)
     raw = source_config(req, source, fmt)
     refuse_other_family(req.model, raw)
-    config = config_from_dict(family, raw)
+    config = config_from_dict(family, raw, config_origin(req, source, fmt))
     refuse_other_variant(req.model, config)
     source_formats.refuse_other_variant(fmt, family, config, req.model)
     expected = {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}

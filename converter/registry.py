@@ -35,12 +35,17 @@ MODELS: dict[str, ModelEntry] = {
 }
 
 
-def config_from_dict(family: FamilySpec, raw: dict):
-    """The family's config from a config.json's content; a config it cannot be built from is bad input."""
+def config_from_dict(family: FamilySpec, raw: dict, where: str | None = None):
+    """The family's config from a config.json's content; a config it cannot be built from is bad input (the message
+    names `where` the config came from)."""
     try:
         return family.config_class.from_dict(raw)
     except ConfigError as e:
-        raise InputError(str(e)) from None
+        message = str(e)  # the config classes say "config.json": name the one it was
+        if where:
+            rest = message.removeprefix("config.json")
+            message = f"{where}{rest}" if rest != message else f"{where}: {message}"
+        raise InputError(message) from None
 
 
 def small_config(entry: ModelEntry) -> dict:

@@ -169,6 +169,7 @@ class Source:
     config: dict | None
     origin: str  # what the user named: an absolute path or a repo id
     revision: str | None = None  # the resolved Hub commit
+    config_file: Path | None = None  # where `config` was read
 
     @property
     def protected(self) -> list[Path]:
@@ -248,13 +249,13 @@ def read_config(path: Path) -> dict:
 def _from_path(path: Path) -> Source:
     if path.is_file():
         if path.name.endswith(".index.json"):
-            return Source(_shards(path), _config_beside(path), str(path))
+            return Source(_shards(path), _config_beside(path), str(path), config_file=_config_path_beside(path))
         if path.suffix != ".safetensors" and path.suffix not in PICKLE_SUFFIXES:
             raise InputError(
                 f"{path}: not a checkpoint this tool reads (expected .safetensors, .pth/.pt/.bin, a "
                 f"sharded index or a diffusers folder)"
             )
-        return Source([path], _config_beside(path), str(path))
+        return Source([path], _config_beside(path), str(path), config_file=_config_path_beside(path))
     folder = path / "vae" if not (path / "config.json").exists() and (path / "vae").is_dir() else path
     if (folder / INDEX_NAME).exists():
         files = _shards(folder / INDEX_NAME)
@@ -266,13 +267,18 @@ def _from_path(path: Path) -> Source:
         raise InputError(f"{path}: no {WEIGHTS_NAME} (or its index) in this folder or its vae/ subfolder")
     if not (folder / "config.json").exists():
         raise InputError(f"{folder}: config.json is missing beside the weights")
-    return Source(files, read_config(folder / "config.json"), str(path))
+    return Source(files, read_config(folder / "config.json"), str(path), config_file=folder / "config.json")
+
+
+def _config_path_beside(path: Path) -> Path | None:
+    beside = path.parent / "config.json"
+    return beside if os.path.lexists(beside) else None
 
 
 def _config_beside(path: Path) -> dict | None:
     """A lone weights file takes the config.json beside it, if there is one."""
-    beside = path.parent / "config.json"
-    return read_config(beside) if beside.exists() else None
+    beside = _config_path_beside(path)
+    return read_config(beside) if beside else None
 
 
 def _shards(index_path: Path) -> list[Path]:
@@ -320,7 +326,7 @@ def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Sou
     if not folder.is_dir():
         raise InputError(f"{repo_id}@{revision} has no {subfolder}/ folder with VAE weights")
     resolved = _from_path(folder)
-    return Source(resolved.weight_files, resolved.config, repo_id, revision=root.name)
+    return Source(resolved.weight_files, resolved.config, repo_id, revision=root.name, config_file=resolved.config_file)
 
 
 def vae_patterns(subfolder: str) -> list[str]:

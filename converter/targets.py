@@ -513,7 +513,7 @@ def read_output(path: str | Path) -> OutputInfo:
             f"{path}: config.json is for {raw.get('_class_name')}, but the manifest says family {family.name} "
             f"({family.class_name})"
         )
-    config = config_from_dict(family, raw)
+    config = config_from_dict(family, raw, str(path / "config.json"))
     return OutputInfo(path, manifest, family, target, manifest["format"], DTYPES[manifest["dtype"]], config)
 
 

@@ -43,7 +43,7 @@ def test_config_values_of_the_wrong_type_or_range(wan_small, tmp_path, key):
             fails(
                 ["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out", *dry_run],
                 InputError.exit_code,
-                f"config.json: {key} is",
+                f"{folder / 'config.json'}: {key} is",  # the file named
                 out=tmp_path / "out",
             )
 
