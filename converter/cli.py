@@ -14,7 +14,6 @@ from pathlib import Path
 
 import click
 
-from converter import __version__
 from converter.errors import ConvertError, MappingError
 from converter.mapping import MAPPINGS_DIR, load_mapping
 from converter.registry import FAMILIES, MODELS, config_from_dict, get_model
@@ -40,7 +39,14 @@ class ModelGroup(click.Group):
     context_settings={"help_option_names": ["-h", "--help"]},
     epilog=f"Models: {', '.join(MODELS)} (`vae-convert list` says more).",
 )
-@click.version_option(__version__, prog_name="vae-convert")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=lambda ctx, _, shown: shown and (click.echo(_versions()) or ctx.exit()),
+    help="The versions of vae-convert and of what it runs with (jax, flax, orbax, torch, torchax ...).",
+)
 def cli():
     """Convert video-VAE checkpoints (diffusers' layout or the original release files, local or on the Hugging Face
     Hub) to Flax NNX (Orbax) or torchax (safetensors) weights, and back to diffusers.
@@ -297,6 +303,8 @@ def _describe_output(manifest: dict) -> str:
         f"mapping:  {mapping.get('file')} sha256 {mapping.get('sha256')}",
         f"tool:     {manifest.get('tool')} {manifest.get('version')}",
     ]
+    if manifest.get("environment"):
+        lines.append("ran with: " + ", ".join(f"{k} {v}" for k, v in manifest["environment"].items()))
     if manifest.get("config_ignored"):
         lines.append(f"config:   ignored {', '.join(manifest['config_ignored'])}")
     validation = manifest.get("validation")
@@ -366,6 +374,12 @@ def check_mappings(files, target, pairings, as_json):
     )
     if not all(r.ok for r in reports):
         raise click.exceptions.Exit(MappingError.exit_code)
+
+
+def _versions() -> str:
+    from converter.environment import report
+
+    return report()
 
 
 def _summary_line(what, summary) -> str:

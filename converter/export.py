@@ -20,9 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from converter import __version__, mapping, untrusted, validate
+from converter import compat, mapping, untrusted, validate
 from converter.errors import InputError, OutputError, UsageError, ValidationError
-from converter.output import MANIFEST, TOOL, OutputFolder, write_json
+from converter.output import MANIFEST, OutputFolder, new_manifest, write_json
 from converter.pipeline import (
     Summary,
     ensure_weights_fit_config,
@@ -71,17 +71,15 @@ def export(req: ExportRequest) -> Summary:
     assignments = mapping.plan(rules, FLAX.name, diffusers_shapes, {k: tuple(v.shape) for k, v in leaves.items()})
 
     with folder as work:
-        record = {
-            "tool": TOOL,
-            "version": __version__,
-            "family": family.name,
-            "model": manifest.get("model"),
-            "target": TORCHAX.name,
-            "format": "safetensors",
-            "dtype": dtype.name,
-            "mapping": {"file": mapping_path.name, "sha256": hashlib.sha256(mapping_path.read_bytes()).hexdigest()},
-            "source": {"origin": str(source), "exported_from": "flax", "flax_output": _provenance(manifest)},
-        }
+        record = new_manifest(
+            family=family.name,
+            model=manifest.get("model"),
+            target=TORCHAX.name,
+            format="safetensors",
+            dtype=dtype.name,
+            mapping={"file": mapping_path.name, "sha256": hashlib.sha256(mapping_path.read_bytes()).hexdigest()},
+            source={"origin": str(source), "exported_from": "flax", "flax_output": _provenance(manifest)},
+        )
         specs = {key: (shape, dtype) for key, shape in diffusers_shapes.items()}
         writer = TORCHAX.open_writer("safetensors", work, specs, {"format": "pt", "vae_convert": record})
         by_key = {a.source_key: a for a in assignments}
@@ -194,7 +192,7 @@ def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path
         raise InputError(f"save: {type(vae).__name__} is not one of the project's Flax models")
     fmt = FLAX.default_format(fmt)
     _, state = nnx.split(vae)
-    leaves = {_dotted(p): v.get_value() for p, v in nnx.to_flat_state(state)}
+    leaves = {_dotted(p): compat.variable_value(v) for p, v in nnx.to_flat_state(state)}
     dtypes = {np.dtype(v.dtype) for v in leaves.values()}
     if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPES.values():
         raise InputError(
@@ -204,16 +202,14 @@ def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path
     _ensure_leaves_fit(Path("<memory>"), leaves, FLAX.leaf_shapes(family, vae.config), dtype)
     folder = OutputFolder(Path(path), force)
     folder.check()
-    record = {
-        "tool": TOOL,
-        "version": __version__,
-        "family": family.name,
-        "model": None,
-        "target": FLAX.name,
-        "format": fmt,
-        "dtype": dtype.name,
-        "source": {"origin": f"{type(vae).__name__} in memory", "saved_from": "memory"},
-    }
+    record = new_manifest(
+        family=family.name,
+        model=None,
+        target=FLAX.name,
+        format=fmt,
+        dtype=dtype.name,
+        source={"origin": f"{type(vae).__name__} in memory", "saved_from": "memory"},
+    )
     with folder as work:
         specs = {key: (tuple(v.shape), dtype) for key, v in leaves.items()}
         try:

@@ -39,6 +39,14 @@ _WRITTEN: list[Path] = []  # outputs this process has moved into place
 _HELD = (signal.SIGINT, signal.SIGTERM)  # the signals whose handler undoes a run (converter/__main__.py)
 
 
+def new_manifest(**fields) -> dict:
+    """The manifest every writer starts from: the tool, its version and the environment it ran in, then `fields`
+    (MANIFEST_SCHEMA says what they are)."""
+    from converter import __version__, environment
+
+    return {"tool": TOOL, "version": __version__, "environment": environment.versions(), **fields}
+
+
 def write_json(path: Path, content: dict):
     path.write_text(json.dumps(content, indent=2) + "\n")
 
@@ -76,6 +84,7 @@ MANIFEST_SCHEMA = {
     "mapping": {"file": must(str), "sha256": must(str)},
     "source": must(_SOURCE),
     "config_ignored": [str],
+    "environment": {str: str},
     "validation": {
         "rtol": must(float),
         "ok": must(bool),

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from converter import __version__, enable_compile_cache, mapping, preview, source_formats, sources, validate
+from converter import enable_compile_cache, mapping, preview, source_formats, sources, validate
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
-from converter.output import MANIFEST, TOOL, OutputFolder, write_json
+from converter.output import MANIFEST, OutputFolder, new_manifest, write_json
 from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
 from converter.targets import DTYPES, Target, load_output, meta_torch
 
@@ -303,19 +303,17 @@ def _convert(req: Request, source: sources.Source, folder: OutputFolder, provena
     dtype = choose_dtype(req.dtype, plan.weights, req.say)
 
     with folder as work:
-        manifest = {
-            "tool": TOOL,
-            "version": __version__,
-            "family": family.name,
-            "model": req.model.name,
-            "target": req.target.name,
-            "format": req.fmt,
-            "dtype": dtype.name,
-            "mapping": {
+        manifest = new_manifest(
+            family=family.name,
+            model=req.model.name,
+            target=req.target.name,
+            format=req.fmt,
+            dtype=dtype.name,
+            mapping={
                 "file": str(req.mapping_file) if req.mapping_file else plan.mapping_path.name,
                 "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest(),
             },
-        }
+        )
         specs = {a.target_key: (plan.leaf_shapes[a.target_key], dtype) for a in plan.assignments}
         nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest)
         manifest["source"] = dict(provenance(), format=plan.source_format.name)

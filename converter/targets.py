@@ -31,7 +31,7 @@ from typing import NamedTuple
 import ml_dtypes
 import numpy as np
 
-from converter import untrusted
+from converter import compat, untrusted
 from converter.errors import InputError
 from converter.mapping import nested, target_path
 from converter.models.common.spec import FamilySpec
@@ -113,7 +113,7 @@ class FlaxTarget(Target):
 
     def leaf_shapes(self, family, config):
         return {
-            ".".join(map(str, path)): tuple(v.get_value().shape)
+            ".".join(map(str, path)): tuple(compat.variable_value(v).shape)
             for path, v in self.empty_model(family, config, np.float32).variables
         }
 
@@ -141,15 +141,15 @@ class FlaxTarget(Target):
             )
             raise InputError(f"{path}: weights do not match the model (missing {missing}, unexpected {extra})")
         for p, variable in empty_model.variables:
-            if tuple(weights[p].shape) != tuple(variable.get_value().shape):
+            if tuple(weights[p].shape) != tuple(compat.variable_value(variable).shape):
                 raise InputError(
-                    f"{path}: {p} has shape {weights[p].shape}, the model needs {variable.get_value().shape}"
+                    f"{path}: {p} has shape {weights[p].shape}, the model needs {compat.variable_value(variable).shape}"
                 )
         # one call places them all; on CPU, 64-byte-aligned buffers (the mapped files, TensorStore's reads) are
         # used in place
         arrays = jax.device_put([weights[p] for p, _ in empty_model.variables], sharding)
         for (_, variable), array in zip(empty_model.variables, arrays):
-            variable.set_value(array)
+            compat.set_variable_value(variable, array)
         return empty_model.model
 
     def runner(self, model):
