@@ -4,11 +4,13 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := build/demo
 
-.PHONY: demo test install
+FLOORS := .venv-floors
+
+.PHONY: demo test install test-floors
 
 install: $(VENV)/.installed
 
-# torch 2.13.0 first: its CPU wheel is what this project pins (see README, "torch and torchax").
+# torch 2.13.0 first: its CPU wheel lies on this project's machines (a plain `torch` would take a multi-GB CUDA build)
 $(VENV)/.installed: setup.cfg
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -26,3 +28,19 @@ demo: install
 # two, not one per core, bounds memory
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder
+
+# The lowest releases setup.cfg allows (constraints-floors.txt; torch: the CPU wheel, see that file), on the tests
+# that cover each family and target, load, export and the mappings
+FLOOR_TESTS := tests/test_parity.py tests/test_model_api.py tests/test_export.py tests/test_published_configs.py
+$(FLOORS)/.installed: setup.cfg constraints-floors.txt
+	$(PYTHON) -m venv $(FLOORS)
+	$(FLOORS)/bin/python -m pip install -q --upgrade pip
+	$(FLOORS)/bin/python -m pip install -q torch==2.13.0
+	grep -v '^torch==' constraints-floors.txt > $(FLOORS)/constraints.txt
+	$(FLOORS)/bin/python -m pip install -q -c $(FLOORS)/constraints.txt -e '.[test]'
+	touch $@
+
+test-floors: $(FLOORS)/.installed
+	$(FLOORS)/bin/vae-convert --version
+	$(FLOORS)/bin/python -m pytest -q -n 2 --dist loadscope -k "not full_size" $(FLOOR_TESTS)
+	$(FLOORS)/bin/vae-convert check-mappings
