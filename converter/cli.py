@@ -15,14 +15,10 @@ from pathlib import Path
 import click
 
 from converter.errors import ConvertError, MappingError
-from converter.mapping import MAPPINGS_DIR, load_mapping
 from converter.registry import FAMILIES, MODELS, config_from_dict, get_model
 from converter.targets import TARGETS
 
 FORMAT_NAMES = tuple(dict.fromkeys(fmt for target in TARGETS.values() for fmt in target.formats))
-SOURCE_FORMAT_NAMES = tuple(
-    dict.fromkeys(name for f in FAMILIES.values() for name in load_mapping(MAPPINGS_DIR / f.mapping_file).formats)
-)
 
 
 class ModelGroup(click.Group):
@@ -70,8 +66,9 @@ def cli():
 @click.option("--revision", help="Hub revision (branch, tag or commit) of the source.")
 @click.option(
     "--source-format",
-    type=click.Choice(SOURCE_FORMAT_NAMES),
-    help="The source's key layout; default: recognised from its keys.",
+    metavar="NAME",
+    help="The source's key layout (the family's mapping file names them: diffusers, original, ...); default: "
+    "recognised from its keys.",
 )
 @click.option(
     "--config",

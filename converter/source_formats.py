@@ -29,10 +29,15 @@ class KnownFormat:
 
 
 def known_formats(family, own: mapping.Mapping) -> list[KnownFormat]:
-    """Every family's formats; the converting family's from `own` (the family's mapping file or --mapping's)."""
+    """Every family's formats; the converting family's from `own` (the family's mapping file or --mapping's). Another
+    family's mapping file that does not load is left out: it is that family's problem (check-mappings names it), not
+    this conversion's."""
     out = []
     for other in FAMILIES.values():
-        rules = own if other is family else mapping.load_mapping(mapping.MAPPINGS_DIR / other.mapping_file)
+        try:
+            rules = own if other is family else mapping.load_mapping(mapping.MAPPINGS_DIR / other.mapping_file)
+        except MappingError:
+            continue
         out += [KnownFormat(other, rules, fmt) for fmt in rules.formats.values()]
     return out
 

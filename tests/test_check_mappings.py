@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 from converter.cli import cli
 from converter.errors import MappingError
 from converter.mapping import MAPPINGS_DIR
+from tests.helpers import REPO
 
 REAL = (MAPPINGS_DIR / "wan.yaml").read_text()
 
@@ -165,3 +167,41 @@ def test_drop_rule_taking_a_model_key(tmp_path):
     result = _formats(tmp_path, broken)
     assert result.exit_code == MappingError.exit_code
     assert "'conv2.weight' is matched by 2 rules (a drop rule would swallow)" in result.output
+
+
+def test_a_broken_mapping_file_in_the_package_leaves_the_cli_working(tmp_path, wan_small):
+    """A copy of the installed package whose cogvideox.yaml has a syntax error: --help works, check-mappings names the
+    file and line (exit 4), and a Wan conversion is unaffected (its source-format detection skips that file)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import converter
+
+    package = tmp_path / "site" / "converter"
+    shutil.copytree(Path(converter.__file__).parent, package, ignore=shutil.ignore_patterns("__pycache__"))
+    for part in ("models", "mappings"):
+        if not (package / part).is_dir() or (package / part).is_symlink():
+            shutil.rmtree(package / part, ignore_errors=True)
+            shutil.copytree(REPO / part, package / part, ignore=shutil.ignore_patterns("__pycache__"))
+    broken = package / "mappings" / "cogvideox.yaml"
+    lines = broken.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("family:"))
+    lines[at] = "family: [cogvideox"  # an unclosed flow sequence
+    broken.write_text("\n".join(lines) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "converter", *map(str, args)], capture_output=True, text=True, env=env, cwd=tmp_path
+        )
+
+    where = run("--help")
+    assert where.returncode == 0 and "Usage" in where.stdout, where.stderr
+    checked = run("check-mappings")
+    assert checked.returncode == MappingError.exit_code
+    assert f"{broken}:" in checked.stdout and "YAML syntax error" in checked.stdout, checked.stdout + checked.stderr
+    converted = run("wan2.1", "--source", wan_small[0], "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
+    assert converted.returncode == 0, converted.stderr
+    assert json.loads((tmp_path / "out" / "vae_convert.json").read_text())["source"]["format"] == "diffusers"
