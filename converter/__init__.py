@@ -2,7 +2,8 @@
 
 The installed package holds the converter and, beneath it, `converter.models` (the implementations) and
 `converter.mappings` (the mapping files). `load`, `save` and `enable_compile_cache` import the rest on first use, so
-that `import converter` stays light.
+that `import converter` stays light (none of them starts JAX's runtime: in a multi-process job the user calls
+`jax.distributed.initialize` first).
 """
 
 __version__ = "0.2.0"
@@ -20,6 +21,14 @@ def save(vae, path, fmt="orbax", force=False):
     from converter.export import save as _save
 
     return _save(vae, path, fmt=fmt, force=force)
+
+
+def gather(tree):
+    """Every array of `tree` (a decode's output, an encode's (mean, logvar)) whole, as numpy arrays, on every process
+    of a multi-process job; a collective, so every process calls it (see converter.models.common.sharding)."""
+    from converter.models.common.sharding import gather as _gather
+
+    return _gather(tree)
 
 
 def enable_compile_cache(directory=None) -> bool:

@@ -131,7 +131,7 @@ class FlaxTarget(Target):
         return {target_path(name): array for name, array in arrays.items()}
 
     def build(self, empty_model: FlaxStructure, weights, path, sharding=None):
-        import jax
+        from converter.models.common.sharding import place_all
 
         expected = {p for p, _ in empty_model.variables}
         if set(weights) != expected:
@@ -146,8 +146,8 @@ class FlaxTarget(Target):
                     f"{path}: {p} has shape {weights[p].shape}, the model needs {compat.variable_value(variable).shape}"
                 )
         # one call places them all; on CPU, 64-byte-aligned buffers (the mapped files, TensorStore's reads) are
-        # used in place
-        arrays = jax.device_put([weights[p] for p, _ in empty_model.variables], sharding)
+        # used in place; on a mesh spanning processes each process places its own devices' copies
+        arrays = place_all([weights[p] for p, _ in empty_model.variables], sharding)
         for (_, variable), array in zip(empty_model.variables, arrays):
             compat.set_variable_value(variable, array)
         return empty_model.model

@@ -10,6 +10,7 @@ the same mesh (the same devices and names: arrays are relabelled, not copied), a
 from __future__ import annotations
 
 import jax
+import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -34,7 +35,7 @@ def shard_activations(x, mesh: Mesh | None):
                 f"(mesh {dict(mesh.shape)}): use a {size} that is a multiple of {devices}, or a mesh with "
                 f"{name}={_divisor(x.shape[axis], devices)}"
             )
-    return jax.device_put(x, NamedSharding(mesh, ACTIVATIONS))
+    return place(x, NamedSharding(mesh, ACTIVATIONS))
 
 
 def _divisor(n: int, devices: int) -> int:
@@ -58,4 +59,44 @@ def constrain_activations(tree, mesh: Mesh | None):
 
 
 def replicate(tree, mesh: Mesh | None):
-    return tree if mesh is None else jax.device_put(tree, NamedSharding(mesh, PARAMETERS))
+    if mesh is None:
+        return tree
+    sharding = NamedSharding(mesh, PARAMETERS)
+    if sharding.is_fully_addressable:
+        return jax.device_put(tree, sharding)
+    return jax.tree.map(lambda leaf: place(leaf, sharding), tree)
+
+
+def place(x, sharding):
+    """`x` (host data or an array) laid out on `sharding`. Where the sharding spans several processes (a
+    multi-controller job: one process per host), each process makes only its own devices' shards from its copy:
+    jax.device_put of host data would first gather the whole of it from every process to check that the copies
+    agree. An array already laid out so is used as it is."""
+    if isinstance(x, jax.Array) and x.sharding == sharding:
+        return x
+    if sharding.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+        return jax.device_put(x, sharding)
+    host = np.asarray(x)
+    return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
+
+
+def place_all(arrays: list, sharding) -> list:
+    """`place` for many arrays; in one process a single device_put (on CPU, 64-byte-aligned buffers are used in
+    place)."""
+    if sharding is None or sharding.is_fully_addressable:
+        return jax.device_put(arrays, sharding)
+    return [place(x, sharding) for x in arrays]
+
+
+def gather(tree):
+    """Every array of `tree` whole, as numpy, on every process: an output spread over the devices of several
+    processes cannot be read with np.asarray (each process holds only its own shards); this gathers them
+    (multihost_utils.process_allgather, a collective: every process must call it)."""
+    from jax.experimental import multihost_utils
+
+    def whole(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+        return np.asarray(x)
+
+    return jax.tree.map(whole, tree)
