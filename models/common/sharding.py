@@ -71,10 +71,8 @@ def place(x, sharding):
     """`x` (host data or an array) laid out on `sharding`. Where the sharding spans several processes (a
     multi-controller job: one process per host), each process makes only its own devices' shards from its copy:
     jax.device_put of host data would first gather the whole of it from every process to check that the copies
-    agree. An array already laid out so is used as it is."""
-    if isinstance(x, jax.Array) and x.sharding == sharding:
-        return x
-    if sharding.is_fully_addressable or (isinstance(x, jax.Array) and not x.is_fully_addressable):
+    agree. An array is moved as jax.device_put moves it (one already laid out so is used as it is)."""
+    if sharding.is_fully_addressable or isinstance(x, jax.Array):  # in one process, or already an array (traced)
         return jax.device_put(x, sharding)
     host = np.asarray(x)
     return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
