@@ -26,6 +26,7 @@ SLOWEST_MODULES = (
     "test_sharding.py",
     "test_full_size.py",
     "test_interrupts.py",
+    "test_multihost.py",
     "test_export.py",
     "test_compile_cache.py",
     "test_bench.py",

@@ -30,14 +30,15 @@ meshes = {
 results = {}
 for name, mesh in meshes.items():
     model = converter.load(OUT, mesh=mesh)
-    results[f"decode {name}"] = converter.gather(model.decode(z, mesh=mesh))
+    frames = z if name == "1x8" else z[:, :1]  # the causal cache carried across processes once: compiles are slow
+    results[f"decode {name}"] = converter.gather(model.decode(frames, mesh=mesh))
 # tiled, the batch split over the processes (one device each)
 mesh = Mesh(devices.reshape(2, 4)[:, :1], ("dp", "tp"))
 model = converter.load(OUT, mesh=mesh)
 model.enable_tiling(
     tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24, tile_sample_stride_width=24
 )
-results["tiled decode 2x1"] = converter.gather(model.decode(z, mesh=mesh))
+results["tiled decode 2x1"] = converter.gather(model.decode(z[:, :1, :3, :6], mesh=mesh))  # tiles 3x4 and 3x3
 if jax.process_index() == 0:
     np.savez(RESULTS, **results)
 jax.distributed.shutdown()

@@ -81,12 +81,12 @@ def test_a_two_process_job_decodes_as_one_process(flax_output, tmp_path):
     got = np.load(results)
 
     z = np.random.default_rng(0).standard_normal((2, 3, 4, 8, channels)).astype(np.float32)
-    expected = np.asarray(model.decode(z))
-    for name in ("decode 1x8", "decode 2x4"):
+    for name, frames in (("decode 1x8", z), ("decode 2x4", z[:, :1])):
+        expected = np.asarray(model.decode(frames))
         assert got[name].shape == expected.shape
         assert np.abs(got[name] - expected).max() <= RTOL * max(1.0, np.abs(expected).max()), name
     model.enable_tiling(
         tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24, tile_sample_stride_width=24
     )
-    tiled = np.asarray(model.decode(z))
+    tiled = np.asarray(model.decode(z[:, :1, :3, :6]))
     assert np.abs(got["tiled decode 2x1"] - tiled).max() <= RTOL * max(1.0, np.abs(tiled).max())
