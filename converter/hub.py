@@ -155,6 +155,18 @@ class Backoff:
         )
 
 
+def retrying(action):
+    """Runs an idempotent call (creating a repo or a branch that may exist), again after each transient failure, on
+    the policy's backoff."""
+    backoff = Backoff(install())
+    while True:
+        try:
+            return action()
+        except Exception as e:
+            if not transient(e) or not backoff.wait():
+                raise
+
+
 def transient(e: BaseException) -> bool:
     """A failure that may pass: a 408/429/5xx answer, or a connection that broke or went silent."""
     import httpx2

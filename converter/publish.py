@@ -149,9 +149,9 @@ def publish(
     operations.append(CommitOperationAdd("README.md", model_card(manifest, repo_id).encode()))
 
     def upload() -> str:
-        api.create_repo(repo_id, private=private, exist_ok=True)
+        hub.retrying(lambda: api.create_repo(repo_id, private=private, exist_ok=True))
         if revision and not create_pr:
-            api.create_branch(repo_id, branch=revision, exist_ok=True)
+            hub.retrying(lambda: api.create_branch(repo_id, branch=revision, exist_ok=True))
         return _commit(api, repo_id, operations, message, revision, create_pr)
 
     return hub.call(upload, repo_id, revision or "main", error=OutputError)

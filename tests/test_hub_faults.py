@@ -145,6 +145,7 @@ def published(hub, tmp_path, wan_small, monkeypatch):
 @pytest.mark.parametrize("kind", ["status", "status-after"], ids=["503-not-landed", "504-after-landing"])
 def test_publishing_retries_a_commit_without_committing_twice(hub, published, kind):
     hub.fault("POST", r"/commit/", kind, status=503 if kind == "status" else 504)
+    hub.fault("POST", r"/api/repos/create", "status", status=502)  # creating the repo is safe to repeat
     result = run_cli("publish", published, "me/wan-tx")
     assert len(hub.commits) == 1 and len(hub.repos["me/wan-tx"].log) == 1
     assert hub.repos["me/wan-tx"].log[0]["id"] in result.stdout
