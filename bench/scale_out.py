@@ -181,11 +181,11 @@ def _child_env(devices: int) -> dict:
     }
 
 
-def _spawn(name: str, devices: int, **kwargs) -> subprocess.Popen:
+def _spawn(name: str, simulated: int, **kwargs) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "bench.scale_out", "--task", name, json.dumps(kwargs)],
         cwd=REPO,
-        env=_child_env(devices),
+        env=_child_env(simulated),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -263,17 +263,18 @@ def markdown(results: dict) -> str:
         f"Load in the job over one process: {two['load_seconds'] / one['load_seconds']:.2f}x; steady decode "
         f"{two['steady_decode_seconds'] / one['steady_decode_seconds']:.2f}x.",
         "",
-        "On paper: the steady decode step of an 81-frame clip compiled for each mesh (Flax, float32), per device: "
-        "XLA's memory analysis, and the bytes the step's collectives produce (halo columns: collective-permute).",
+        "On paper: the steady decode step of each clip (its latent: (B, T, H, W, C)) compiled for each mesh (Flax, "
+        "float32), per device: XLA's memory analysis, and the bytes the step's collectives produce (halo columns: "
+        "collective-permute).",
         "",
-        "| clip | devices | mesh (dp, tp) | latent columns per device | compile | arguments | temporaries "
+        "| clip | latent | devices | mesh (dp, tp) | latent columns per device | compile | arguments | temporaries "
         "| collective-permute | all-gather | all-reduce |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results["paper"].values():
         c = r["collective_bytes"]
         lines.append(
-            f"| {r['clip']} | {r['devices']} | {tuple(r['mesh'])} | {r['latent_columns_per_device']} | "
+            f"| {r['clip']} | {tuple(r['latent'])} | {r['devices']} | {tuple(r['mesh'])} | {r['latent_columns_per_device']} | "
             f"{r['compile_seconds']:.1f} s | {size(r['argument_bytes'])} | {size(r['temp_bytes'])} | "
             f"{size(c['collective-permute'])} | {size(c['all-gather'])} | {size(c['all-reduce'])} |"
         )
