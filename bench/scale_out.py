@@ -274,7 +274,8 @@ def markdown(results: dict) -> str:
     for r in results["paper"].values():
         c = r["collective_bytes"]
         lines.append(
-            f"| {r['clip']} | {tuple(r['latent'])} | {r['devices']} | {tuple(r['mesh'])} | {r['latent_columns_per_device']} | "
+            f"| {r['clip']} | {tuple(r['latent'])} | {r['devices']} | {tuple(r['mesh'])} | "
+            f"{r['latent_columns_per_device']} | "
             f"{r['compile_seconds']:.1f} s | {size(r['argument_bytes'])} | {size(r['temp_bytes'])} | "
             f"{size(c['collective-permute'])} | {size(c['all-gather'])} | {size(c['all-reduce'])} |"
         )
