@@ -61,6 +61,19 @@ def wan_small(tmp_path_factory):
     return path, save_diffusers(WAN, path, WAN.small_configs["default-arch"])
 
 
+@pytest.fixture(scope="session")
+def wan_small_outputs(wan_small, tmp_path_factory):
+    """wan_small converted through the CLI to each target (no validation): {target: output folder}; tests change
+    only copies of them."""
+    from converter.targets import TARGETS
+    from tests.helpers import run_cli
+
+    root = tmp_path_factory.mktemp("wan_small_outputs")
+    for target in TARGETS:
+        run_cli("wan2.1", "--source", wan_small[0], "--to", target, "--out", root / target, "--no-validate")
+    return {target: root / target for target in TARGETS}
+
+
 @pytest.fixture
 def hub(tmp_path, monkeypatch, wan_small):
     """The loopback Hub serving the small Wan checkpoint as the `wan2.1` pipeline repo, with a fresh cache and no

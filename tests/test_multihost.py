@@ -11,11 +11,10 @@ import sys
 import time
 
 import numpy as np
-import pytest
 
 import converter
 from converter.registry import FAMILIES
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO
 
 PROCESSES, DEVICES_EACH = 2, 4
 RTOL = 1e-5  # relative to the output's scale, as tests/test_sharding.py
@@ -64,14 +63,8 @@ def _launch(out, results, channels, timeout=300) -> list[subprocess.CompletedPro
     return outputs
 
 
-@pytest.fixture(scope="module")
-def flax_output(wan_small, tmp_path_factory):
-    out = tmp_path_factory.mktemp("multihost") / "flax"
-    run_cli("wan2.1", "--source", wan_small[0], "--to", "flax", "--out", out, "--no-validate")
-    return out
-
-
-def test_a_two_process_job_decodes_as_one_process(flax_output, tmp_path):
+def test_a_two_process_job_decodes_as_one_process(wan_small_outputs, tmp_path):
+    flax_output = wan_small_outputs["flax"]
     model = converter.load(flax_output)
     channels = FAMILIES["wan"].validation_latent_shape(model.config)[1]
     results = tmp_path / "results.npz"

@@ -37,18 +37,14 @@ class RunsCode:
         return (open, (self.marker, "w"))
 
 
-@pytest.fixture(scope="module")
-def torchax_output(wan_small, tmp_path_factory):
-    out = tmp_path_factory.mktemp("outputs") / "torchax"
-    run_cli("wan2.1", "--source", wan_small[0], "--to", "torchax", "--out", out, "--no-validate")
-    return out
+@pytest.fixture
+def torchax_output(wan_small_outputs):
+    return wan_small_outputs["torchax"]
 
 
-@pytest.fixture(scope="module")
-def flax_output(wan_small, tmp_path_factory):
-    out = tmp_path_factory.mktemp("outputs") / "flax"
-    run_cli("wan2.1", "--source", wan_small[0], "--to", "flax", "--out", out, "--no-validate")
-    return out
+@pytest.fixture
+def flax_output(wan_small_outputs):
+    return wan_small_outputs["flax"]
 
 
 def _copy(output, tmp_path, name="copy"):
