@@ -71,13 +71,12 @@ class _Streak:
         self._lock = threading.Lock()
         self._since: float | None = None
 
-    def failed(self) -> float:
-        """Seconds since the streak began (this failure may begin it)."""
+    def failed(self, attempted: float) -> float:
+        """Seconds since the streak began: with this failure, when the failed request was sent, unless earlier."""
         with self._lock:
-            now = time.monotonic()
             if self._since is None:
-                self._since = now
-            return now - self._since
+                self._since = attempted
+            return time.monotonic() - self._since
 
     def succeeded(self):
         with self._lock:
@@ -106,24 +105,26 @@ def _make_transport(policy: Policy):
             attempt = 0
             while True:
                 attempt += 1
+                attempted = time.monotonic()
                 try:
                     response = self.inner.handle_request(request)
                 except httpx2.TransportError as e:
                     # a refused connection never reached the server: safe to repeat for any method
-                    if not (safe or isinstance(e, httpx2.ConnectError)) or not self._wait(attempt, None):
+                    if not (safe or isinstance(e, httpx2.ConnectError)) or not self._wait(attempt, attempted, None):
                         raise
                     continue
                 if response.status_code not in RETRY_STATUS or not (safe or response.status_code == 429):
                     if response.status_code < 500:
                         self.streak.succeeded()
                     return response
-                if not self._wait(attempt, _retry_after(response) if response.status_code == 429 else None):
+                asked = _retry_after(response) if response.status_code == 429 else None
+                if not self._wait(attempt, attempted, asked):
                     return response
                 response.close()
 
-        def _wait(self, attempt: int, asked: float | None) -> bool:
+        def _wait(self, attempt: int, attempted: float, asked: float | None) -> bool:
             """Sleeps before the next attempt; False when the policy says stop (the caller gives up)."""
-            return attempt <= policy.retries and _pause(policy, attempt, self.streak.failed(), asked)
+            return attempt <= policy.retries and _pause(policy, attempt, self.streak.failed(attempted), asked)
 
         def close(self):
             self.inner.close()
