@@ -519,9 +519,27 @@ def read_output(path: str | Path) -> OutputInfo:
 
 def load_output(path: str | Path, mesh=None):
     """A written output -> a ready model, checked against its manifest. With `mesh`, a Flax model's parameters are
-    restored straight onto it, replicated."""
-    with collection_paused():
-        return _load_output(read_output(path), mesh)
+    restored straight onto it, replicated. An output replaced while it loads (another run's --force moves a new
+    folder in) is said to have changed, not to be damaged."""
+    folder = Path(path).expanduser().absolute()
+    before = _identity(folder)
+    try:
+        with collection_paused():
+            return _load_output(read_output(folder), mesh)
+    except InputError:
+        if before is not None and _identity(folder) != before:
+            raise InputError(
+                f"{folder}: the output changed while loading (another run replaced it); load again"
+            ) from None
+        raise
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(folder)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
 
 
 @contextlib.contextmanager

@@ -346,3 +346,20 @@ def test_a_deleted_working_folder_is_one_line(tmp_path):
     )
     assert result.returncode == InputError.exit_code, result.stderr
     assert result.stderr.startswith("error: the current folder no longer exists") and result.stderr.count("\n") == 1
+
+
+def test_a_load_racing_a_replacement_says_the_output_changed(flax_output, tmp_path, monkeypatch):
+    """Another run's --force moves a new folder in while this load reads: what fails to read is the replacement's
+    doing, not damage."""
+    out, replacement = _copy(flax_output, tmp_path, "out"), _copy(flax_output, tmp_path, "replacement")
+    next(p for p in (replacement / "state" / "state").rglob("0*") if p.stat().st_size > 1000).write_bytes(b"")
+    read = targets._zarr_leaves
+
+    def read_while_replaced(item_dir):
+        os.rename(out, tmp_path / "aside")
+        os.rename(replacement, out)
+        return read(item_dir)
+
+    monkeypatch.setattr(targets, "_zarr_leaves", read_while_replaced)
+    with pytest.raises(InputError, match="the output changed while loading"):
+        converter.load(out)
