@@ -315,8 +315,10 @@ def _describe_output(manifest: dict) -> str:
 
 
 @cli.command("list")
-def list_models():
-    """The model names MODEL takes: Hub repo, VAE, parameters and how pipelines scale its latents."""
+@click.option("--markdown", is_flag=True, help="A Markdown table (the README's).")
+def list_models(markdown):
+    """The model names MODEL takes: Hub repo, VAE, parameters and how pipelines scale its latents. A repo marked *
+    was not verified: no public page of it was found; its id follows the family's naming."""
     from converter.targets import meta_torch
 
     rows = [("MODEL", "HUB REPO (subfolder)", "VAE", "PARAMETERS", "LATENT SCALING")]
@@ -324,9 +326,16 @@ def list_models():
         for m in family.models:
             config = config_from_dict(family, m.config)
             parameters = sum(p.numel() for p in meta_torch(family, config).parameters())
-            name = m.name + (f" ({', '.join(m.aliases)})" if m.aliases else "")
-            repo = f"{m.repo_id} ({m.subfolder}/)"
+            name, aliases = (f"`{m.name}`", [f"`{a}`" for a in m.aliases]) if markdown else (m.name, m.aliases)
+            name += f" ({', '.join(aliases)})" if aliases else ""
+            repo = f"{m.repo_id}{'' if m.verified else ' *'} ({m.subfolder}/)"
             rows.append((name, repo, config.variant, f"{parameters / 1e6:.1f}M", config.latent_scaling))
+    if markdown:
+        for i, row in enumerate(rows):
+            click.echo(f"| {' | '.join(row)} |")
+            if i == 0:
+                click.echo("|" + "---|" * len(row))
+        return
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
         click.echo("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())

@@ -31,3 +31,14 @@ def test_info_on_a_folder_that_is_no_output(wan_small, tmp_path):
     source, _ = wan_small
     fails(["info", source], 3, "not a vae-convert output")
     fails(["info", tmp_path / "missing"], 3, "not a vae-convert output")
+
+
+def test_the_readme_model_table_is_what_list_prints():
+    from click.testing import CliRunner
+
+    from converter.cli import cli
+    from tests.helpers import REPO
+
+    result = CliRunner().invoke(cli, ["list", "--markdown"])
+    assert result.exit_code == 0 and result.output.count("\n") > 3
+    assert result.output in (REPO / "README.md").read_text()

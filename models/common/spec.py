@@ -19,6 +19,7 @@ class ModelName:
     revision: str = "main"
     config: dict = dataclasses.field(default_factory=dict)  # what differs from the family's defaults
     aliases: tuple[str, ...] = ()  # other names users type for it
+    verified: bool = True  # False: no public page of the repo itself was found; the id follows the family's naming
 
 
 @dataclasses.dataclass(frozen=True)
