@@ -23,16 +23,10 @@ import numpy as np
 from converter import compat, mapping, untrusted, validate
 from converter.errors import InputError, OutputError, UsageError, ValidationError
 from converter.output import MANIFEST, OutputFolder, new_manifest, write_json
-from converter.pipeline import (
-    Summary,
-    ensure_weights_fit_config,
-    failure_message,
-    no_progress,
-    record_validation,
-    silent,
-)
 from converter.registry import FAMILIES
+from converter.report import Summary, failure_message, no_progress, record_validation, silent
 from converter.safetensors_io import SafetensorsFile
+from converter.sources import ensure_weights_fit_config
 from converter.targets import DTYPES, TARGETS, load_output, meta_torch, read_output
 
 FLAX, TORCHAX = TARGETS["flax"], TARGETS["torchax"]

@@ -15,19 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from converter import enable_compile_cache, mapping, preview, source_formats, sources, validate
+from converter import enable_compile_cache, mapping, source_formats, sources, validate
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
 from converter.output import MANIFEST, OutputFolder, new_manifest, write_json
 from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
+from converter.report import Summary, failure_message, no_progress, record_validation, silent
 from converter.targets import DTYPES, Target, load_output, meta_torch
-
-
-def silent(message: str):
-    pass
-
-
-def no_progress(items: Iterable, label: str) -> Iterable:
-    return items
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -59,19 +52,6 @@ class Request:
             self.mapping_file = Path(self.mapping_file).expanduser().absolute()
         if self.config_file is not None:
             self.config_file = Path(self.config_file).expanduser().absolute()
-
-
-@dataclasses.dataclass
-class Summary:
-    out: Path
-    target: str
-    fmt: str
-    dtype: str
-    tensors: int
-    parameters: int
-    bytes: int
-    seconds: float
-    comparisons: list
 
 
 @dataclasses.dataclass
@@ -170,32 +150,6 @@ def choose_dtype(requested: str, weights: sources.SourceWeights, say: Callable[[
     return dtype
 
 
-def ensure_weights_fit_config(family, expected: dict[str, tuple], weights, where: str = ""):
-    """A diffusers-layout checkpoint (`weights.specs`) against the PyTorch model its config describes (diffusers'
-    names and shapes). A mismatch here is bad input (wrong config, damaged checkpoint), told apart from mapping bugs
-    found later."""
-    unexpected = [k for k in weights.specs if k not in expected]
-    missing = [k for k in expected if k not in weights.specs]
-    wrong = [k for k in expected if k in weights.specs and tuple(weights.specs[k][0]) != expected[k]]
-    problems = []
-    if unexpected:
-        problems.append(f"{len(unexpected)} key(s) {family.class_name} does not have: {_first(unexpected)}")
-    if missing:
-        problems.append(f"{len(missing)} key(s) missing from the checkpoint: {_first(missing)}")
-    if wrong:
-        k = wrong[0]
-        problems.append(
-            f"the config and the weights disagree on {len(wrong)} shape(s), e.g. {k!r} is "
-            f"{list(weights.specs[k][0])} in the checkpoint, the config implies {list(expected[k])}"
-        )
-    if problems:
-        raise InputError(where + "; ".join(problems))
-
-
-def _first(keys: list[str], n: int = 3) -> str:
-    return ", ".join(repr(k) for k in keys[:n]) + (", ..." if len(keys) > n else "")
-
-
 def ensure_storable(key: str, source: np.ndarray, converted: np.ndarray, allow_nonfinite: bool):
     """Refuses NaN/Inf in the weights, and a dtype that cannot hold them (overflow to inf)."""
     if np.isfinite(converted).all():
@@ -270,7 +224,7 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
         renamed = source_formats.rename(rules, fmt, weights, expected, shown, told)
         weights, dropped = renamed.weights, renamed.dropped
     else:
-        ensure_weights_fit_config(family, expected, weights)
+        sources.ensure_weights_fit_config(family, expected, weights)
     leaf_shapes = req.target.leaf_shapes(family, config)
     source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
     assignments = mapping.plan(rules, req.target.name, source_shapes, leaf_shapes)
@@ -350,38 +304,6 @@ def _validate(req, plan, dtype, work, manifest, out) -> list:
     enable_compile_cache()  # with $VAE_CONVERT_COMPILE_CACHE set, conversions of one architecture compile once
     outcome = validate.run(family, plan.config, req.target.runner(load_output(work)), plan.weights, dtype)
     return record_validation(outcome, manifest, work, out, req)
-
-
-def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> list:
-    """Writes the comparisons (and, unless --no-preview, validation.png) into the work folder and reports them; fails
-    unless all passed or the user keeps invalid outputs (`req`'s say, keep_invalid, preview)."""
-    comparisons = outcome.comparisons
-    manifest["validation"] = {
-        "rtol": validate.RTOL,
-        "ok": all(c.ok for c in comparisons),
-        "checks": [c.as_dict() for c in comparisons],
-    }
-    if req.preview:
-        maxima = outcome.picture(work / preview.FILE_NAME)
-        manifest["validation"]["preview"] = {"file": preview.FILE_NAME, "max_abs": maxima}
-    write_json(work / MANIFEST, manifest)
-    req.say("\n".join(c.line() for c in comparisons))
-    if req.preview:
-        req.say(
-            f"  picture: {preview.FILE_NAME} (a test clip encoded and decoded, the validation latent decoded, by both)"
-        )
-    failed = [c for c in comparisons if not c.ok]
-    if failed and not req.keep_invalid:
-        raise ValidationError(f"{failure_message(failed)}; nothing written to {out} (--keep-invalid keeps it)")
-    return comparisons
-
-
-def failure_message(failed) -> str:
-    worst = max(failed, key=lambda c: c.max_abs / c.tol)
-    return (
-        f"validation failed for {', '.join(c.name for c in failed)} ({worst.name}: max |Δ| {worst.max_abs:.2e} "
-        f"> tol {worst.tol:.1e})"
-    )
 
 
 def _write_weights(work, req, assignments, weights, specs, manifest) -> int:

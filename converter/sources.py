@@ -383,3 +383,29 @@ def _size(n) -> str:
         if n < 1000 or unit == "GB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
+
+
+def ensure_weights_fit_config(family, expected: dict[str, tuple], weights, where: str = ""):
+    """A diffusers-layout checkpoint (`weights.specs`) against the PyTorch model its config describes (diffusers'
+    names and shapes). A mismatch here is bad input (wrong config, damaged checkpoint), told apart from mapping bugs
+    found later."""
+    unexpected = [k for k in weights.specs if k not in expected]
+    missing = [k for k in expected if k not in weights.specs]
+    wrong = [k for k in expected if k in weights.specs and tuple(weights.specs[k][0]) != expected[k]]
+    problems = []
+    if unexpected:
+        problems.append(f"{len(unexpected)} key(s) {family.class_name} does not have: {_first(unexpected)}")
+    if missing:
+        problems.append(f"{len(missing)} key(s) missing from the checkpoint: {_first(missing)}")
+    if wrong:
+        k = wrong[0]
+        problems.append(
+            f"the config and the weights disagree on {len(wrong)} shape(s), e.g. {k!r} is "
+            f"{list(weights.specs[k][0])} in the checkpoint, the config implies {list(expected[k])}"
+        )
+    if problems:
+        raise InputError(where + "; ".join(problems))
+
+
+def _first(keys: list[str], n: int = 3) -> str:
+    return ", ".join(repr(k) for k in keys[:n]) + (", ..." if len(keys) > n else "")

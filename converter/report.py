@@ -1,0 +1,65 @@
+"""What a job (a conversion, an export) reports: its progress hooks, its summary, and its validation, written into
+the output's manifest and said to the user. Nothing here prints: `say` and `progress` come from the caller."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+
+from converter import preview, validate
+from converter.errors import ValidationError
+from converter.output import MANIFEST, write_json
+
+
+def silent(message: str):
+    pass
+
+
+def no_progress(items: Iterable, label: str) -> Iterable:
+    return items
+
+
+@dataclasses.dataclass
+class Summary:
+    out: Path
+    target: str
+    fmt: str
+    dtype: str
+    tensors: int
+    parameters: int
+    bytes: int
+    seconds: float
+    comparisons: list
+
+
+def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> list:
+    """Writes the comparisons (and, unless --no-preview, validation.png) into the work folder and reports them; fails
+    unless all passed or the user keeps invalid outputs (`req`'s say, keep_invalid, preview)."""
+    comparisons = outcome.comparisons
+    manifest["validation"] = {
+        "rtol": validate.RTOL,
+        "ok": all(c.ok for c in comparisons),
+        "checks": [c.as_dict() for c in comparisons],
+    }
+    if req.preview:
+        maxima = outcome.picture(work / preview.FILE_NAME)
+        manifest["validation"]["preview"] = {"file": preview.FILE_NAME, "max_abs": maxima}
+    write_json(work / MANIFEST, manifest)
+    req.say("\n".join(c.line() for c in comparisons))
+    if req.preview:
+        req.say(
+            f"  picture: {preview.FILE_NAME} (a test clip encoded and decoded, the validation latent decoded, by both)"
+        )
+    failed = [c for c in comparisons if not c.ok]
+    if failed and not req.keep_invalid:
+        raise ValidationError(f"{failure_message(failed)}; nothing written to {out} (--keep-invalid keeps it)")
+    return comparisons
+
+
+def failure_message(failed) -> str:
+    worst = max(failed, key=lambda c: c.max_abs / c.tol)
+    return (
+        f"validation failed for {', '.join(c.name for c in failed)} ({worst.name}: max |Δ| {worst.max_abs:.2e} "
+        f"> tol {worst.tol:.1e})"
+    )
