@@ -5,11 +5,11 @@ sizes are computed in Python's exact integers."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
 import stat
-from pathlib import Path
 
 from converter.errors import InputError
 
@@ -73,8 +73,6 @@ def loads_json(data: bytes, what: str, error=InputError):
         if deepest > MAX_JSON_DEPTH:
             raise error(f"{what}: JSON nested more than {MAX_JSON_DEPTH} deep")
     try:
-        import json
-
         return json.loads(data)
     except (ValueError, RecursionError) as e:
         raise error(f"{what}: not valid JSON ({str(e).splitlines()[0][:120]})") from None
@@ -174,8 +172,3 @@ def ascii_digits(text: str) -> bool:
 def plain_file_name(name: str) -> bool:
     """A name for a file inside a folder: no separators, not '.' or '..', nothing absolute."""
     return bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
-
-
-def inside(path: Path, folder: Path) -> bool:
-    real, base = path.resolve(), folder.resolve()
-    return real == base or base in real.parents
