@@ -26,6 +26,10 @@ def _weights(out) -> bytes:
     return (out / "diffusion_pytorch_model.safetensors").read_bytes()
 
 
+def _repo_info_requests(hub) -> int:
+    return sum(1 for method, path in hub.requests if method == "GET" and "/revision/" in path)
+
+
 def _weights_of_clean_run(wan_small, tmp_path) -> bytes:
     """The weights converted from the local checkpoint the Hub serves."""
     _convert(tmp_path / "clean", "--source", wan_small[0])
@@ -125,13 +129,13 @@ def test_a_hub_that_keeps_failing_gives_up_with_one_line(hub, tmp_path, monkeypa
         "gave up after retries",
         out=tmp_path / "out",
     )
-    assert sum(1 for m, p in hub.requests if m == "GET" and "/revision/" in p) == 3  # the first try and 2 retries
+    assert _repo_info_requests(hub) == 3  # the first try and 2 retries
 
 
 def test_client_errors_are_not_retried(hub, tmp_path):
     hub.fault("GET", API_INFO, "status", status=403, times=100)
     fails(["wan2.1", "--to", "torchax", "--out", tmp_path / "out"], InputError.exit_code, out=tmp_path / "out")
-    assert sum(1 for m, p in hub.requests if m == "GET" and "/revision/" in p) == 1
+    assert _repo_info_requests(hub) == 1
 
 
 @pytest.fixture
