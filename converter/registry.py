@@ -1,6 +1,7 @@
 """The model families and the model names users type (`vae-convert wan2.1`).
 
-Each family's spec lives beside its implementations (models/<family>/spec.py); adding a family is one line here.
+Each family's spec lives beside its implementations (models/<family>/spec.py); adding a family is one line here
+(the tuple `register` is called on).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from converter.models.common.config import ConfigError
 from converter.models.common.spec import FamilySpec
 from converter.models.wan.spec import WAN
 
-FAMILIES: dict[str, FamilySpec] = {f.name: f for f in (WAN, COGVIDEOX)}
+FAMILIES: dict[str, FamilySpec] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,12 +28,23 @@ class ModelEntry:
     config: dict  # what differs from the family's defaults
 
 
-MODELS: dict[str, ModelEntry] = {
-    name: ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
-    for family in FAMILIES.values()
-    for m in family.models
-    for name in (m.name, *m.aliases)
-}
+MODELS: dict[str, ModelEntry] = {}
+
+
+def register(family: FamilySpec) -> None:
+    """Adds a family and its model names (a name already taken is a mistake in the specs)."""
+    names = [name for m in family.models for name in (m.name, *m.aliases)]
+    taken = [name for name in names if name in MODELS] + [family.name] * (family.name in FAMILIES)
+    if taken:
+        raise ValueError(f"family {family.name}: {', '.join(taken)} already registered")
+    FAMILIES[family.name] = family
+    for m in family.models:
+        for name in (m.name, *m.aliases):
+            MODELS[name] = ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
+
+
+for _family in (WAN, COGVIDEOX):
+    register(_family)
 
 
 def config_from_dict(family: FamilySpec, raw: dict, where: str | None = None):
@@ -52,7 +64,8 @@ def small_config(entry: ModelEntry) -> dict:
     """The family's first small widths of the same variant as `entry` (`random-checkpoint --small`)."""
     family = entry.family
     variant = family.config_class.from_dict(entry.config).variant
-    return next(c for c in family.small_configs.values() if family.config_class.from_dict(c).variant == variant)
+    small = family.testing().small_configs.values()
+    return next(c for c in small if family.config_class.from_dict(c).variant == variant)
 
 
 def model_for(family: FamilySpec, config) -> ModelEntry:
@@ -77,7 +90,7 @@ def configs_to_check(family: FamilySpec) -> list[tuple[str, dict]]:
     distinct = {}
     for m in family.models:
         distinct.setdefault(json.dumps(m.config, sort_keys=True), (m.name, m.config))
-    return list(distinct.values()) + list(family.check_configs)
+    return list(distinct.values()) + list(family.testing().check_configs)
 
 
 def get_model(name: str) -> ModelEntry:

@@ -58,7 +58,7 @@ def caches(tmp_path_factory):
 def wan_small(tmp_path_factory):
     """A small Wan checkpoint saved by diffusers (the default architecture at small widths), and the model."""
     path = tmp_path_factory.mktemp("wan_small") / "vae"
-    return path, save_diffusers(WAN, path, WAN.small_configs["default-arch"])
+    return path, save_diffusers(WAN, path, WAN.testing().small_configs["default-arch"])
 
 
 @pytest.fixture(scope="session")

@@ -76,6 +76,24 @@ def family_of(model: str) -> FamilySpec:
     return MODELS[model].family
 
 
+def small(family: FamilySpec, which: str) -> tuple[str, dict]:
+    """One of the family's small configs (models/<family>/testing.py) and the first model name of its variant."""
+    from converter.registry import model_for
+
+    config = family.testing().small_configs[which]
+    return model_for(family, family.config_class.from_dict(config)).name, config
+
+
+def family_cases(cases) -> dict:
+    """Test cases from every registered family's test data: {f"{family}-{name}": (family, name, value)} for
+    `cases(testing)` -> {name: value}."""
+    from converter.registry import FAMILIES
+
+    return {
+        f"{f.name}-{name}": (f, name, value) for f in FAMILIES.values() for name, value in cases(f.testing()).items()
+    }
+
+
 def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) -> torch.nn.Module:
     """A diffusers VAE of `family` with every parameter perturbed (norms and biases too, so a mapping that misplaces
     them shows), saved with diffusers' own `save_pretrained`."""

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 from converter.cli import cli
 from converter.errors import MappingError
 from converter.mapping import MAPPINGS_DIR
+from converter.registry import FAMILIES, configs_to_check
 from tests.helpers import REPO
 
 REAL = (MAPPINGS_DIR / "wan.yaml").read_text()
@@ -36,12 +37,15 @@ def test_real_mappings_are_clean_in_text_and_json():
     result = CliRunner().invoke(cli, ["check-mappings", "--json"])
     report = json.loads(result.output)
     assert report["ok"] and result.exit_code == 0
-    assert {m["file"].rsplit("/", 1)[1] for m in report["mappings"]} == {"wan.yaml", "cogvideox.yaml"}
+    assert {m["file"].rsplit("/", 1)[1] for m in report["mappings"]} == {f.mapping_file for f in FAMILIES.values()}
+    for family in FAMILIES.values():
+        rules = next(m for m in report["mappings"] if m["file"].endswith(family.mapping_file))
+        for target in rules["targets"]:
+            assert {name for name, _ in configs_to_check(family)} == set(target["configs"])
+            assert all(sum(rule["hits"].values()) > 0 for rule in target["rules"])
+    # each distinct VAE once (the Wan 2.1 VAE under its first name), and the extra variants of its test data
     wan = next(m for m in report["mappings"] if m["file"].endswith("wan.yaml"))
-    flax = next(t for t in wan["targets"] if t["target"] == "flax")
-    # each distinct VAE once (the Wan 2.1 VAE under its first name), and the extra variants
-    assert set(flax["configs"]) == {"wan2.1", "wan2.2", "wan2.1-variant", "wan2.2-variant"}
-    assert all(sum(rule["hits"].values()) > 0 for rule in flax["rules"])
+    assert set(wan["targets"][0]["configs"]) == {"wan2.1", "wan2.2", "wan2.1-variant", "wan2.2-variant"}
 
 
 def test_key_matched_by_no_rule(tmp_path):

@@ -155,10 +155,10 @@ def test_one_compile_per_chunk_shape(tmp_path, family):
 
     import converter
 
-    config = family.small_configs["default-arch"]
+    config = family.testing().small_configs["default-arch"]
     # the longest latent count the parity tests use: several chunks (Wan: one latent frame a step; CogVideoX: a
     # first batch with the remainder, then batches of 2)
-    frames = max(family.parity_frames[0])
+    frames = max(family.testing().parity_frames[0])
     save_diffusers(family, tmp_path / "vae", config)
     run_cli(
         family.models[0].name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate"

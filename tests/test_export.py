@@ -15,26 +15,22 @@ from safetensors import safe_open
 from safetensors.numpy import load_file, save_file
 
 import converter
-from converter.registry import FAMILIES, model_for
-from tests.helpers import fails, manifest, run_cli, runner, save_diffusers
+from converter.registry import FAMILIES
+from tests.helpers import fails, family_cases, manifest, run_cli, runner, save_diffusers, small
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 ATOL = 1e-4
-# each family's default architecture and Wan 2.2's layout
-CASES = {
-    "wan2.1": (FAMILIES["wan"], "default-arch"),
-    "wan2.2": (FAMILIES["wan"], "wan2.2-layout"),
-    "cogvideox": (FAMILIES["cogvideox"], "default-arch"),
-}
+# the small configs each family names for it (models/<family>/testing.py)
+CASES = family_cases(lambda testing: {which: which for which in testing.export})
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def diffusers_source(request, tmp_path_factory):
-    family, which = CASES[request.param]
-    config = family.small_configs[which]
+    family, which, _ = CASES[request.param]
+    name, config = small(family, which)
     path = tmp_path_factory.mktemp(request.param) / "vae"
     model = save_diffusers(family, path, config)
-    return model_for(family, family.config_class.from_dict(config)).name, path, model
+    return name, path, model
 
 
 @pytest.mark.parametrize("fmt", ["orbax", "safetensors"])
@@ -60,9 +56,9 @@ def test_fine_tuned_model_exports_and_runs_in_diffusers(tmp_path):
     layout (the other cases' rules are proven bit-exact by the round trip)."""
     import diffusers
 
-    family = FAMILIES["wan"]
-    reference = save_diffusers(family, tmp_path / "vae", family.small_configs["wan2.2-layout"])
-    run_cli("wan2.2", "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "flax", "--no-validate")
+    name, config = small(FAMILIES["wan"], "wan2.2-layout")
+    reference = save_diffusers(FAMILIES["wan"], tmp_path / "vae", config)
+    run_cli(name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "flax", "--no-validate")
     vae = converter.load(tmp_path / "flax")
     state = nnx.state(vae)
     leaves, treedef = jax.tree.flatten(state)

@@ -10,28 +10,27 @@ import pytest
 import torch
 
 import converter
-from converter.registry import FAMILIES, model_for
-from tests.helpers import converted_by_cli, run_cli, runner, save_diffusers
+from converter.registry import FAMILIES
+from tests.helpers import converted_by_cli, family_cases, run_cli, runner, save_diffusers, small
 
 ATOL = 1e-4
 LATENT_SIZE, VIDEO_SIZE = 4, 16
 # Every family's small configs, each under the first model name of its variant: the cases come from the registry.
-CASES = {f"{family.name}-{which}": (family, which) for family in FAMILIES.values() for which in family.small_configs}
+CASES = family_cases(lambda testing: testing.small_configs)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(request, tmp_path_factory):
-    family, which = CASES[request.param]
-    config = family.small_configs[which]
-    model = model_for(family, family.config_class.from_dict(config))
-    reference, models = converted_by_cli(model.name, config, tmp_path_factory.mktemp(request.param))
+    family, which, _ = CASES[request.param]
+    name, config = small(family, which)
+    reference, models = converted_by_cli(name, config, tmp_path_factory.mktemp(request.param))
     return family, reference, {target: runner(target, model) for target, model in models.items()}
 
 
 def test_decode_matches_diffusers(converted):
     family, reference, runners = converted
     channels = family.validation_latent_shape(family.config_class.from_dict(dict(reference.config)))[1]
-    for frames in family.parity_frames[0]:
+    for frames in family.testing().parity_frames[0]:
         z = torch.randn(1, channels, frames, LATENT_SIZE, LATENT_SIZE, generator=torch.Generator().manual_seed(frames))
         with torch.no_grad():
             expected = reference.decode(z).sample.numpy()
@@ -46,7 +45,7 @@ def test_decode_matches_diffusers(converted):
 
 def test_encode_matches_diffusers(converted):
     family, reference, runners = converted
-    for frames in family.parity_frames[1]:
+    for frames in family.testing().parity_frames[1]:
         x = torch.rand(1, 3, frames, VIDEO_SIZE, VIDEO_SIZE, generator=torch.Generator().manual_seed(frames)) * 2 - 1
         with torch.no_grad():
             dist = reference.encode(x).latent_dist
@@ -59,7 +58,7 @@ def test_encode_matches_diffusers(converted):
 def test_cogvideox_one_latent_frame_is_one_frame_and_unclipped(tmp_path):
     """diffusers decodes 1 latent frame into 1 frame and does not clip CogVideoX's output; neither do we."""
     cogvideox = FAMILIES["cogvideox"]
-    reference = save_diffusers(cogvideox, tmp_path / "vae", cogvideox.small_configs["default-arch"])
+    reference = save_diffusers(cogvideox, tmp_path / "vae", cogvideox.testing().small_configs["default-arch"])
     run_cli("cogvideox-2b", "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     z = torch.randn(1, 4, 1, 4, 4, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

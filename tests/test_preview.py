@@ -29,7 +29,7 @@ def converted(wan_small, tmp_path_factory):
 def test_picture_has_the_panels_and_the_report_max(converted):
     source, out = converted
     image = Image.open(out / "validation.png")
-    config = WanVAEConfig.from_dict(WAN.small_configs["default-arch"])
+    config = WanVAEConfig.from_dict(WAN.testing().small_configs["default-arch"])
     clip = validation_clip(WAN.validation_video_shape(config))  # (1, 3, 5, 64, 64)
     decoded_frames = 9  # the validation latent's 3 frames decode to 9
     layout = preview.Layout(len(preview.frame_indices(5)), len(preview.frame_indices(decoded_frames)))

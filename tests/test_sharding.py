@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from converter.registry import FAMILIES, model_for
-from tests.helpers import report_on_8_devices, run_cli, save_diffusers
+from tests.helpers import family_cases, report_on_8_devices, run_cli, save_diffusers, small
 
 # 1e-5 relative to the output's scale (max(1, max |unsharded|)): CogVideoX decodes unclipped values up to ~7, where
 # sharded convolutions summing in another order differ by 1.07e-5 (1.5e-6 relative). A sharding bug (a wrong halo, a
@@ -72,23 +71,17 @@ print(json.dumps(report))
 """
 
 
-# Each case meets both mesh shapes and both axis types; Wan's two cases together meet every pairing of them. The
-# axis types are handled once for every family (steps_flax.run_chunks), the width halos per layer (models/common).
-CASES = {
-    "wan-default-arch": (FAMILIES["wan"], "default-arch", [(1, 8, "auto"), (2, 4, "explicit")]),
-    # Wan 2.2's layout: patchified input and residual shortcuts around the default architecture's blocks
-    "wan-wan2.2-layout": (FAMILIES["wan"], "wan2.2-layout", [(1, 8, "explicit"), (2, 4, "auto")]),
-    "cogvideox-default-arch": (FAMILIES["cogvideox"], "default-arch", [(1, 8, "explicit"), (2, 4, "auto")]),
-}
+# Each family's small configs with the meshes it names (models/<family>/testing.py). The axis types are handled once
+# for every family (steps_flax.run_chunks), the width halos per layer (models/common).
+CASES = family_cases(lambda testing: testing.meshes)
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_sharded_matches_unsharded(tmp_path, case):
     family, which, meshes = CASES[case]
-    config = family.config_class.from_dict(family.small_configs[which])
-    channels = family.validation_latent_shape(config)[1]
-    save_diffusers(family, tmp_path / "vae", family.small_configs[which])
-    model = model_for(family, config).name
+    model, config = small(family, which)
+    channels = family.validation_latent_shape(family.config_class.from_dict(config))[1]
+    save_diffusers(family, tmp_path / "vae", config)
     run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     report = report_on_8_devices(SCRIPT, tmp_path / "out", channels, json.dumps(meshes))
     assert report["devices"] == 8

@@ -16,26 +16,22 @@ from converter.errors import InputError, MappingError, UsageError
 from converter.mapping import MAPPINGS_DIR
 from converter.registry import FAMILIES
 from converter.targets import read_output
-from tests.helpers import REPO, fails, manifest, run_cli, save_diffusers
+from tests.helpers import REPO, fails, family_cases, manifest, run_cli, save_diffusers, small
 
 PAIRINGS = REPO.parent / "shared" / "data" / "source-formats"
 WAN, COGVIDEOX = FAMILIES["wan"], FAMILIES["cogvideox"]
 
-# format -> (model name, family, small widths with the released block structure, the file as released, wrapper)
-# The validation decode/encode runs for one target per format (it checks the reference sees the renamed weights);
-# the other target's output is proven by equality with the diffusers checkpoint's conversion.
-VALIDATED = {"wan2.1-original": "flax", "wan2.2-original": "torchax", "cogvideox-sat": "flax"}
-FORMATS = {
-    "wan2.1-original": ("wan2.1", WAN, WAN.small_configs["default-arch"], "Wan2.1_VAE.pth", None),
-    "wan2.2-original": (
-        "wan2.2",
-        WAN,
-        dict(WAN.small_configs["wan2.2-layout"], num_res_blocks=2),
-        "Wan2.2_VAE.pth",
-        None,
-    ),
-    "cogvideox-sat": ("cogvideox-2b", COGVIDEOX, COGVIDEOX.small_configs["default-arch"], "3d-vae.pt", "state_dict"),
-}
+# Each family's original formats as its test data writes them (models/<family>/testing.py): by format, (family,
+# OriginalFileCase). The validation decode/encode runs for one target per format (it checks the reference sees the
+# renamed weights); the other target's output is proven by equality with the diffusers checkpoint's conversion.
+FORMATS = {fmt: (family, case) for family, fmt, case in family_cases(lambda testing: testing.original_files).values()}
+
+
+def released_config(fmt: str) -> tuple[str, dict]:
+    """The model name and small config (with the released block structure) a format's test file is written for."""
+    family, case = FORMATS[fmt]
+    name, config = small(family, case.small)
+    return name, {**config, **case.config_changes}
 
 
 def pairing(fmt: str) -> dict[str, str]:
@@ -52,7 +48,7 @@ def write_original(state: dict, fmt: str, path, wrapper=FORMATS, extra=None):
     """The diffusers state_dict renamed as the original file has it, pickled as it is released (SAT: wrapped, with
     training-discriminator tensors beside the model's)."""
     tensors = {**as_released(state, fmt), **(extra or {})}
-    wrapper = FORMATS[fmt][4] if wrapper is FORMATS else wrapper
+    wrapper = FORMATS[fmt][1].wrapper if wrapper is FORMATS else wrapper
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({wrapper: tensors} if wrapper else tensors, path)
     return path
@@ -74,18 +70,19 @@ def assert_same_tensors(got: dict, expected: dict):
 def released(request, tmp_path_factory):
     """(format, model name, config.json of the small widths, the original file, the diffusers folder)."""
     fmt = request.param
-    model_name, family, config, file_name, _ = FORMATS[fmt]
+    family, case = FORMATS[fmt]
+    model_name, config = released_config(fmt)
     root = tmp_path_factory.mktemp(fmt)
     model = save_diffusers(family, root / "diffusers", config)
-    extra = {"loss.discriminator.blocks.0.weight": torch.randn(64, 3, 4, 4)} if FORMATS[fmt][4] else None
-    original = write_original(model.state_dict(), fmt, root / "release" / file_name, extra=extra)
+    extra = {"loss.discriminator.blocks.0.weight": torch.randn(64, 3, 4, 4)} if case.wrapper else None
+    original = write_original(model.state_dict(), fmt, root / "release" / case.file_name, extra=extra)
     return fmt, model_name, root / "diffusers" / "config.json", original, root / "diffusers"
 
 
 @pytest.mark.parametrize("target", ["flax", "torchax"])
 def test_original_file_converts_as_its_diffusers_checkpoint(released, tmp_path, target):
     fmt, model_name, config, original, diffusers_folder = released
-    validate = () if VALIDATED[fmt] == target else ("--no-validate",)
+    validate = () if FORMATS[fmt][1].validated_target == target else ("--no-validate",)
     args = ("--source", original, "--config", config, "--to", target, "--out", tmp_path / "o", *validate)
     result = run_cli(model_name, *args)
     run_cli(model_name, "--source", diffusers_folder, "--to", target, "--out", tmp_path / "d", "--no-validate")
@@ -94,7 +91,7 @@ def test_original_file_converts_as_its_diffusers_checkpoint(released, tmp_path, 
     if not validate:
         assert info["validation"]["ok"] and len(info["validation"]["checks"]) == 3
     assert info["source"]["format"] == fmt and f"source format: {fmt}" in result.stderr
-    if FORMATS[fmt][4]:  # the discriminator is named, counted and reported, not converted
+    if FORMATS[fmt][1].wrapper:  # the discriminator is named, counted and reported, not converted
         assert info["source"]["dropped"] == {"training-discriminator": {"tensors": 1, "bytes": 64 * 3 * 4 * 4 * 4}}
         assert "dropped 1 tensor(s) by rule training-discriminator" in result.stderr
 
@@ -104,7 +101,7 @@ def test_comfyui_16_bit_safetensors_stays_16_bit(tmp_path, dtype):
     """ComfyUI's repackaged wan_2.1_vae.safetensors: Wan 2.1's original keys, 16-bit (validated in bfloat16)."""
     from safetensors.torch import save_file
 
-    model = save_diffusers(WAN, tmp_path / "vae", WAN.small_configs["default-arch"]).to(dtype)
+    model = save_diffusers(WAN, tmp_path / "vae", WAN.testing().small_configs["default-arch"]).to(dtype)
     model.save_pretrained(tmp_path / "vae-16")
     save_file(as_released(model.state_dict(), "wan2.1-original"), tmp_path / "wan_2.1_vae.safetensors")
     config = tmp_path / "vae" / "config.json"
@@ -124,7 +121,7 @@ def test_comfyui_16_bit_safetensors_stays_16_bit(tmp_path, dtype):
 @pytest.fixture(scope="module")
 def wan21_state(tmp_path_factory):
     root = tmp_path_factory.mktemp("wan21")
-    return save_diffusers(WAN, root / "vae", WAN.small_configs["default-arch"]).state_dict(), root / "vae"
+    return save_diffusers(WAN, root / "vae", WAN.testing().small_configs["default-arch"]).state_dict(), root / "vae"
 
 
 def _convert(model, source, out, *extra):
@@ -132,7 +129,7 @@ def _convert(model, source, out, *extra):
 
 
 def test_sat_file_without_its_wrapper(tmp_path):
-    state = save_diffusers(COGVIDEOX, tmp_path / "vae", COGVIDEOX.small_configs["default-arch"]).state_dict()
+    state = save_diffusers(COGVIDEOX, tmp_path / "vae", COGVIDEOX.testing().small_configs["default-arch"]).state_dict()
     bare = write_original(state, "cogvideox-sat", tmp_path / "3d-vae.pt", wrapper=None)
     out = tmp_path / "out"
     config = tmp_path / "vae" / "config.json"
@@ -149,7 +146,7 @@ def test_key_no_rule_knows(wan21_state, tmp_path):
 
 
 def test_other_family_original_file(tmp_path):
-    state = save_diffusers(COGVIDEOX, tmp_path / "vae", COGVIDEOX.small_configs["default-arch"]).state_dict()
+    state = save_diffusers(COGVIDEOX, tmp_path / "vae", COGVIDEOX.testing().small_configs["default-arch"]).state_dict()
     source = write_original(state, "cogvideox-sat", tmp_path / "3d-vae.pt")
     out = tmp_path / "out"
     fails(_convert("wan2.1", source, out), InputError.exit_code, "cogvideox-sat", "`vae-convert cogvideox-2b`", out=out)
@@ -159,9 +156,9 @@ def test_other_family_original_file(tmp_path):
     ("fmt", "named", "hint"), [("wan2.2-original", "wan2.1", "wan2.2"), ("wan2.1-original", "wan2.2", "wan2.1")]
 )
 def test_original_file_of_the_other_wan_variant(tmp_path, fmt, named, hint):
-    _, family, config, file_name, _ = FORMATS[fmt]
-    state = save_diffusers(family, tmp_path / "vae", config).state_dict()
-    source = write_original(state, fmt, tmp_path / file_name)
+    family, case = FORMATS[fmt]
+    state = save_diffusers(family, tmp_path / "vae", released_config(fmt)[1]).state_dict()
+    source = write_original(state, fmt, tmp_path / case.file_name)
     out = tmp_path / "out"
     fails(_convert(named, source, out), InputError.exit_code, f"({fmt})", f"`vae-convert {hint}`", out=out)
 

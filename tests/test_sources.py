@@ -50,7 +50,7 @@ def test_registry_model_resolves_from_the_hub_cache_offline(wan_small, tmp_path,
 
 
 def test_bf16_source_stays_bf16_bit_for_bit(tmp_path):
-    model = save_diffusers(WAN, tmp_path / "vae", WAN.small_configs["default-arch"])
+    model = save_diffusers(WAN, tmp_path / "vae", WAN.testing().small_configs["default-arch"])
     model.to(torch.bfloat16).save_pretrained(tmp_path / "vae-bf16")
     result = run_cli(
         "wan2.1",
@@ -92,7 +92,7 @@ def test_dry_run_with_hf_hub_offline_uses_the_cache(wan_small, tmp_path, monkeyp
 
 
 def test_newcomer_output_has_no_warnings_and_help_lists_the_models(tmp_path):
-    model = save_diffusers(WAN, tmp_path / "vae", WAN.small_configs["default-arch"])
+    model = save_diffusers(WAN, tmp_path / "vae", WAN.testing().small_configs["default-arch"])
     model.to(torch.bfloat16).save_pretrained(tmp_path / "vae-bf16")
     result = run_cli("wan2.1", "--source", tmp_path / "vae-bf16", "--to", "torchax", "--out", tmp_path / "out")
     assert "Warning" not in result.stderr, result.stderr

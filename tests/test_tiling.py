@@ -1,86 +1,32 @@
 """Spatial tiling: `enable_tiling` with the same settings must give diffusers' tiled results (fp32 max abs difference
-<= 1e-4), encode and decode, Flax for every family and torchax for Wan 2.2, on grids with short last rows and
-columns; each tile shape compiles once. Small tile settings keep the small test models tiling; diffusers' own results
-are checked to differ from the untiled ones, so a port that ignored tiling would fail."""
+<= 1e-4), encode and decode, on grids with short last rows and columns, for each family's tiling cases
+(models/<family>/testing.py), with Flax and the targets a case names; each tile shape compiles once. Small tile
+settings keep the small test models tiling; diffusers' own results are checked to differ from the untiled ones, so a
+port that ignored tiling would fail."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import numpy as np
 import pytest
 import torch
 
-from tests.helpers import compiled_steps, converted_by_cli, family_of, runner
+from tests.helpers import compiled_steps, converted_by_cli, family_cases, runner, small
 
 ATOL = 1e-4
 
 
-@dataclasses.dataclass(frozen=True)
-class Case:
-    model: str
-    small: str  # which of the family's small configs
-    tiling: dict  # enable_tiling keywords, the same for diffusers and for us
-    latent: tuple[int, int, int]  # (T, H, W)
-    video: tuple[int, int, int]
-    decode_steps: int  # distinct chunk steps of a tile's decode (first chunk, steady chunk)
-    targets: tuple[str, ...] = ("flax",)
-
-
-CASES = {
-    # 4-latent tiles every 3: rows and columns of 4, 4, 1; the output cropped to 8x the input
-    "wan2.1": Case(
-        "wan2.1",
-        "default-arch",
-        dict(
-            tile_sample_min_height=32,
-            tile_sample_min_width=32,
-            tile_sample_stride_height=24,
-            tile_sample_stride_width=24,
-        ),
-        latent=(2, 7, 7),
-        video=(1, 56, 56),
-        decode_steps=2,
-    ),
-    # 6x5-latent tiles every 5x4 with diffusers' overlap factors (1/6, 1/5); one frame batch (the cache carried
-    # within a tile and reset between tiles is the same shared code as Wan's, which has two steps a tile)
-    "cogvideox": Case(
-        "cogvideox-2b",
-        "default-arch",
-        dict(tile_sample_min_height=48, tile_sample_min_width=40),
-        latent=(3, 8, 9),
-        video=(9, 64, 72),
-        decode_steps=1,
-    ),
-    # Wan 2.2 tiles the patchified video: 4-latent tiles every 3 (16x each), and encoder tiles of 64 patches every 48.
-    # The 128-pixel video is 64 patches, one tile's worth, yet diffusers tiles it: the unpatchified size exceeds 64.
-    "wan2.2": Case(
-        "wan2.2",
-        "wan2.2-layout",
-        dict(
-            tile_sample_min_height=64,
-            tile_sample_min_width=64,
-            tile_sample_stride_height=48,
-            tile_sample_stride_width=48,
-        ),
-        latent=(2, 7, 7),
-        video=(5, 128, 128),
-        decode_steps=2,
-        # the tiling and the plans are one piece of code for both targets (models/common/tiling.py); torchax runs
-        # the case where most meets (patches, two steps a tile, the crop)
-        targets=("flax", "torchax"),
-    ),
-}
+# each family's tiling cases (models/<family>/testing.py)
+CASES = family_cases(lambda testing: testing.tiling)
 
 
 @pytest.fixture(scope="module", params=list(CASES))
 def converted(request, tmp_path_factory):
-    case = CASES[request.param]
-    config = family_of(case.model).small_configs[case.small]
-    reference, models = converted_by_cli(case.model, config, tmp_path_factory.mktemp(request.param), case.targets)
+    family, which, case = CASES[request.param]
+    name, config = small(family, which)
+    reference, models = converted_by_cli(name, config, tmp_path_factory.mktemp(request.param), case.targets)
     for model in models.values():
         model.enable_tiling(**case.tiling)
-    return case, reference, models
+    return family, case, reference, models
 
 
 def _diffusers(reference, tiling: dict | None, run):
@@ -92,8 +38,8 @@ def _diffusers(reference, tiling: dict | None, run):
         return run(reference)
 
 
-def _latent(case, reference, seed=0):
-    channels = reference.config.get("z_dim") or reference.config.latent_channels
+def _latent(family, case, reference, seed=0):
+    channels = family.validation_latent_shape(family.config_class.from_dict(dict(reference.config)))[1]
     return torch.randn(1, channels, *case.latent, generator=torch.Generator().manual_seed(seed))
 
 
@@ -106,8 +52,8 @@ def _tile_shapes(plan, height, width) -> set[tuple[int, int]]:
 
 
 def test_tiled_decode_matches_diffusers_and_compiles_each_tile_shape_once(converted):
-    case, reference, models = converted
-    z = _latent(case, reference)
+    family, case, reference, models = converted
+    z = _latent(family, case, reference)
     expected = _diffusers(reference, case.tiling, lambda vae: vae.decode(z).sample.numpy())
     untiled = _diffusers(reference, None, lambda vae: vae.decode(z).sample.numpy())
     assert expected.shape == untiled.shape
@@ -128,7 +74,7 @@ def test_tiled_decode_matches_diffusers_and_compiles_each_tile_shape_once(conver
 
 
 def test_tiled_encode_matches_diffusers(converted):
-    case, reference, models = converted
+    _, case, reference, models = converted
     x = torch.rand(1, 3, *case.video, generator=torch.Generator().manual_seed(1)) * 2 - 1
 
     def encode(vae):

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable
 
 from .config import DiffusersConfig
+from .testing import FamilyTesting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,21 +30,13 @@ class FamilySpec:
     # The two implementations, imported on demand so that the CLI starts without Flax or the model code.
     flax_model: Callable[[], type]
     torch_model: Callable[[], type]
+    testing: Callable[[], FamilyTesting]  # its test data (models/common/testing.py), imported on demand too
     mapping_file: str  # in mappings/
     models: tuple[ModelName, ...]
     # (config) -> shapes of the validation inputs, channels-first: latent (B, z, T, H, W), video (B, C, T, H, W); the
     # video encodes to the latent's height and width, so decoding its encoding (for validation.png) reuses the steps
     validation_latent_shape: Callable
     validation_video_shape: Callable
-    # Small widths: "default-arch" is the default architecture at small widths (tests, the benchmark's smoke mode);
-    # the others change the structure. `random-checkpoint --small` takes the first one of the model's variant.
-    # Tests compare each against diffusers.
-    small_configs: dict[str, dict]
-    # Frame counts the parity tests decode (latent frames) and encode (video frames): where the causal cache and the
-    # frame batching show.
-    parity_frames: tuple[tuple[int, ...], tuple[int, ...]]
-    # Extra configs `check-mappings` proves the rules against, beside the named models' own.
-    check_configs: tuple[tuple[str, dict], ...] = ()
     clamps_output: bool = False  # whether decode clamps to [-1, 1], as diffusers' model does
 
     @property

@@ -1,5 +1,5 @@
-"""The Wan VAE family (diffusers' `AutoencoderKLWan`): its config, implementations, mapping file, model names,
-validation shapes and the small widths tests use."""
+"""The Wan VAE family (diffusers' `AutoencoderKLWan`): its config, implementations, mapping file, model names and
+validation shapes."""
 
 from __future__ import annotations
 
@@ -19,11 +19,18 @@ def _torch_model():
     return AutoencoderKLWan
 
 
+def _testing():
+    from .testing import TESTING
+
+    return TESTING
+
+
 WAN = FamilySpec(
     name="wan",
     config_class=WanVAEConfig,
     flax_model=_flax_model,
     torch_model=_torch_model,
+    testing=_testing,
     mapping_file="wan.yaml",
     # Every Wan diffusers repo that ships a VAE: the Wan 2.1 models and Wan 2.2's A14B models carry the Wan 2.1 VAE,
     # Wan 2.2 TI2V-5B its own. Repo ids were checked against public Hub pages where one was found.
@@ -42,73 +49,5 @@ WAN = FamilySpec(
     # Wan 2.2 decodes each latent pixel into 16x16: a smaller latent keeps its validation as quick as 2.1's
     validation_latent_shape=lambda c: (1, c.z_dim, 3, 8 // c.patch, 8 // c.patch),
     validation_video_shape=lambda c: (1, c.video_channels, 5, 64, 64),
-    small_configs={
-        # num_res_blocks=2 gives the encoder 11 down_blocks entries, so list indices >= 10 occur (a converter that
-        # sorts keys as strings fails there)
-        "default-arch": dict(base_dim=8, z_dim=4, latents_mean=[0.0] * 4, latents_std=[1.0] * 4),
-        "other-config": dict(
-            base_dim=8,
-            decoder_base_dim=12,
-            z_dim=8,
-            dim_mult=[1, 2, 2],
-            num_res_blocks=1,
-            temperal_downsample=[True, False],
-            latents_mean=[0.0] * 8,
-            latents_std=[1.0] * 8,
-        ),
-        # Wan 2.2's layout (residual blocks, 2x2 patches, decoder wider than encoder) at small widths: 4 levels with
-        # its temporal downsampling, then 3 levels downsampling time first
-        "wan2.2-layout": dict(
-            WAN22_CONFIG,
-            base_dim=8,
-            decoder_base_dim=12,
-            z_dim=4,
-            num_res_blocks=1,
-            latents_mean=[0.0] * 4,
-            latents_std=[1.0] * 4,
-        ),
-        "wan2.2-3-levels": dict(
-            WAN22_CONFIG,
-            base_dim=8,
-            decoder_base_dim=16,
-            z_dim=4,
-            dim_mult=[1, 2, 2],
-            temperal_downsample=[True, False],
-            scale_factor_spatial=8,
-            latents_mean=[0.0] * 4,
-            latents_std=[1.0] * 4,
-        ),
-    },
-    parity_frames=((1, 2, 5), (1, 5, 9)),
-    check_configs=(
-        # attention in the encoder's down blocks, 3 levels, 1 res block, other temporal downsampling, own decoder width
-        (
-            "wan2.1-variant",
-            dict(
-                base_dim=8,
-                decoder_base_dim=12,
-                z_dim=8,
-                dim_mult=[1, 2, 2],
-                num_res_blocks=1,
-                attn_scales=[1.0],
-                temperal_downsample=[True, False],
-            ),
-        ),
-        # Wan 2.2's residual layout at 3 levels, downsampling time first, 1 res block
-        (
-            "wan2.2-variant",
-            dict(
-                WAN22_CONFIG,
-                base_dim=8,
-                decoder_base_dim=16,
-                z_dim=8,
-                dim_mult=[1, 2, 2],
-                num_res_blocks=1,
-                temperal_downsample=[True, False],
-                latents_mean=[0.0] * 8,
-                latents_std=[1.0] * 8,
-            ),
-        ),
-    ),
     clamps_output=True,
 )

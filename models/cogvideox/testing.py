@@ -1,0 +1,42 @@
+"""CogVideoX's test data (models/common/testing.py says who reads it)."""
+
+from __future__ import annotations
+
+from ..common.testing import FamilyTesting, OriginalFileCase, TilingCase
+
+# 2 levels, 1 layer per block, time compressed once, quant convs on (diffusers sizes them from out_channels)
+OTHER_CONFIG = dict(
+    block_out_channels=[16, 32],
+    down_block_types=["CogVideoXDownBlock3D"] * 2,
+    up_block_types=["CogVideoXUpBlock3D"] * 2,
+    layers_per_block=1,
+    latent_channels=3,
+    temporal_compression_ratio=2,
+    norm_num_groups=4,
+    use_quant_conv=True,
+    use_post_quant_conv=True,
+)
+
+TESTING = FamilyTesting(
+    small_configs={
+        "default-arch": dict(block_out_channels=[16, 32, 32, 64], norm_num_groups=8, latent_channels=4),
+        "other-config": OTHER_CONFIG,
+    },
+    # 1..4 and 13 latent frames: odd and even counts, the remainder folded into the first batch of 2
+    parity_frames=((1, 2, 3, 4, 13), (1, 5, 9, 17)),
+    tiling={
+        # 6x5-latent tiles every 5x4 with diffusers' overlap factors (1/6, 1/5); one frame batch (the cache carried
+        # within a tile and reset between tiles is the same shared code as Wan's, which has two steps a tile)
+        "default-arch": TilingCase(
+            dict(tile_sample_min_height=48, tile_sample_min_width=40),
+            latent=(3, 8, 9),
+            video=(9, 64, 72),
+            decode_steps=1,
+        ),
+    },
+    meshes={"default-arch": ((1, 8, "explicit"), (2, 4, "auto"))},
+    export=("default-arch",),
+    # SAT's 3d-vae.pt nests the model under "state_dict", beside the training discriminator's tensors
+    original_files={"cogvideox-sat": OriginalFileCase("default-arch", "3d-vae.pt", wrapper="state_dict")},
+    check_configs=(("cogvideox-variant", OTHER_CONFIG),),
+)

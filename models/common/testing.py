@@ -1,0 +1,49 @@
+"""What the tests and the test tools need to know about a family, kept in its folder (models/<family>/testing.py)
+and out of the runtime spec: small widths, the frame counts and tile and mesh settings the generic tests run, extra
+configs for `check-mappings`, how its original release files are written for tests. Imported only by
+`random-checkpoint --small`, `check-mappings`, the benchmark's smoke mode and the tests."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class TilingCase:
+    """`enable_tiling` settings (the same keywords for diffusers and for us) that make a small model tile, on grids
+    with short last rows and columns."""
+
+    tiling: dict
+    latent: tuple[int, int, int]  # (T, H, W) decoded
+    video: tuple[int, int, int]  # (T, H, W) encoded
+    decode_steps: int  # distinct chunk steps of one tile's decode (first chunk, steady chunk)
+    targets: tuple[str, ...] = ("flax",)
+
+
+@dataclasses.dataclass(frozen=True)
+class OriginalFileCase:
+    """An original release format as tests write it: the diffusers state_dict renamed with the format's pairings."""
+
+    small: str  # which small config
+    file_name: str  # as released
+    config_changes: dict = dataclasses.field(default_factory=dict)  # the released block structure, where it differs
+    wrapper: str | None = None  # the key the released pickle nests the tensors under
+    validated_target: str = "flax"  # the target whose conversion also runs the validation decode/encode
+
+
+@dataclasses.dataclass(frozen=True)
+class FamilyTesting:
+    # Small widths, each compared against diffusers by the generic tests; the first, "default-arch", is the default
+    # architecture at small widths; the others change the structure. `random-checkpoint --small` takes the first of
+    # the model's variant.
+    small_configs: dict[str, dict]
+    # Latent frames the parity tests decode and video frames they encode: where the causal cache and the frame
+    # batching show
+    parity_frames: tuple[tuple[int, ...], tuple[int, ...]]
+    tiling: dict[str, TilingCase]  # by small config
+    # small config -> the (dp, tp, axis type) meshes its sharded decode and encode are compared on
+    meshes: dict[str, tuple[tuple[int, int, str], ...]]
+    export: tuple[str, ...]  # small configs whose diffusers -> target -> diffusers round trip is checked bit-exact
+    original_files: dict[str, OriginalFileCase] = dataclasses.field(default_factory=dict)  # by source format
+    # configs `check-mappings` proves the rules against, beside the named models' own
+    check_configs: tuple[tuple[str, dict], ...] = ()
