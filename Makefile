@@ -11,7 +11,7 @@ FLOORS := .venv-floors
 install: $(VENV)/.installed
 
 # torch 2.13.0 first: its CPU wheel lies on this project's machines (a plain `torch` would take a multi-GB CUDA build)
-$(VENV)/.installed: setup.cfg
+$(VENV)/.installed: setup.cfg setup.py
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
@@ -34,7 +34,7 @@ test: install
 FLOOR_TESTS := tests/test_parity.py tests/test_model_api.py tests/test_export.py tests/test_published_configs.py
 # each family's default architecture and Wan 2.2's layout, both targets; not the other small configs (same code)
 FLOOR_SELECTION := not full_size and not other-config and not 3-levels and not fine_tuned
-$(FLOORS)/.installed: setup.cfg constraints-floors.txt
+$(FLOORS)/.installed: setup.cfg setup.py constraints-floors.txt
 	$(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/python -m pip install -q --upgrade pip
 	$(FLOORS)/bin/python -m pip install -q torch==2.13.0

@@ -41,7 +41,10 @@ def test_wheel_installs_one_namespace_and_ignores_a_local_models_package(tmp_pat
     wheel = next((tmp_path / "dist").glob("vae_convert-*.whl"))
     names = zipfile.ZipFile(wheel).namelist()
     assert {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")} == {"converter"}
-    assert "converter/mappings/wan.yaml" in names and "converter/models/wan/modeling_flax.py" in names
+    # every module of every family folder, found without a list to keep (setup.py), and every mapping file
+    expected = {f"converter/{p.relative_to(REPO)}" for p in (REPO / "models").rglob("*.py")}
+    expected |= {f"converter/{p.relative_to(REPO)}" for p in (REPO / "mappings").glob("*.yaml")}
+    assert expected <= set(names), sorted(expected - set(names))
 
     venv.create(tmp_path / "venv", with_pip=False)
     python = tmp_path / "venv" / "bin" / "python"
