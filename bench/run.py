@@ -378,7 +378,7 @@ def _environment(env: dict | None = None) -> dict:
     """A child process's environment: a compilation cache only where a task names one (the first calls it times are
     compiling), and no structure cache but the one a task names (the user's left as it is)."""
     from converter.api import COMPILE_CACHE_ENV
-    from converter.targets import STRUCTURE_CACHE_ENV
+    from converter.structure_cache import STRUCTURE_CACHE_ENV
 
     return {
         **{k: v for k, v in os.environ.items() if k != COMPILE_CACHE_ENV},
@@ -411,7 +411,7 @@ def _task(name: str, env: dict | None = None, **kwargs) -> dict:
 def _load(runs: int, structures: Path | None = None, **kwargs) -> dict:
     """A load task in `runs` fresh processes: the median of each time it reports. Each finds the structure cache
     `structures`, or by default an empty one of its own, as the first load of a model's config does."""
-    from converter.targets import STRUCTURE_CACHE_ENV
+    from converter.structure_cache import STRUCTURE_CACHE_ENV
 
     results = []
     for _ in range(runs):

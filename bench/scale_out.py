@@ -170,7 +170,7 @@ TASKS = {"member": task_member, "paper": task_paper}
 
 def _child_env(devices: int) -> dict:
     from converter.api import COMPILE_CACHE_ENV
-    from converter.targets import STRUCTURE_CACHE_ENV
+    from converter.structure_cache import STRUCTURE_CACHE_ENV
 
     env = {k: v for k, v in os.environ.items() if k != COMPILE_CACHE_ENV}
     return {

@@ -1,7 +1,7 @@
 """The Python API: `converter.load(path)` turns a converted output folder into a ready model.
 
 flax     -> the Flax NNX model (channels-last), built from abstract state and filled by path, never initialised;
-            the abstract model is kept for later processes in the structure cache (`converter.targets.structure_cache`:
+            the abstract model is kept for later processes in the structure cache (`converter.structure_cache`:
             the user's cache folder unless $VAE_CONVERT_STRUCTURE_CACHE names another, or off).
 torchax  -> the PyTorch model (diffusers' names) with the converted weights, on CPU; pass it to
             `converter.torchax_runtime.compile_model` to run it on JAX, each step jitted.

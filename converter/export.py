@@ -25,6 +25,7 @@ from converter.errors import InputError, OutputError, UsageError, ValidationErro
 from converter.output import MANIFEST, OutputFolder, new_manifest, write_json
 from converter.registry import FAMILIES
 from converter.report import Summary, failure_message, no_progress, record_validation, silent
+from converter.runners import TorchRunner
 from converter.safetensors_io import SafetensorsFile
 from converter.sources import ensure_weights_fit_config
 from converter.targets import DTYPES, TARGETS, load_output, meta_torch, read_output
@@ -131,7 +132,7 @@ def _validate(req, family, config, source, work, record, out) -> list:
         return []
     req.say("validating: decode and encode of the exported weights against the Flax model ...")
     reference = FLAX.runner(load_output(source))
-    outcome = validate.compare_runners(family, config, validate.TorchRunner(load_output(work)), reference)
+    outcome = validate.compare_runners(family, config, TorchRunner(load_output(work)), reference)
     return record_validation(outcome, record, work, out, req)
 
 

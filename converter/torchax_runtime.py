@@ -176,8 +176,8 @@ class _ChunkStep(nn.Module):
         super().__init__()
         self.model, self.part = model, part
 
-    def forward(self, x, cache):
-        return self.model.chunk_step(self.part, x, cache)
+    def forward(self, x, cache, inputs):
+        return self.model.chunk_step(self.part, x, cache, inputs)
 
 
 class TorchaxVAE:
@@ -206,7 +206,7 @@ class TorchaxVAE:
         }
         self._steps = {}
 
-    def _step(self, part: str, x, cache):
+    def _step(self, part: str, x, cache, inputs):
         if part not in self._steps:
             from torchax import interop
 
@@ -214,28 +214,29 @@ class TorchaxVAE:
 
             module = _ChunkStep(self.model, part)
 
-            def run(params, x, cache):
+            def run(params, x, cache, inputs):
                 params = {
                     f"model.{name}": value.permute(tuple(np.argsort(kernel_order(value.ndim))))
                     if name in self.kernels
                     else value
                     for name, value in params.items()
                 }
-                return torch.func.functional_call(module, params, (x, cache))
+                return torch.func.functional_call(module, params, (x, cache, inputs))
 
             jitted = interop.jax_jit(run, kwargs_for_jax_jit={"compiler_options": STEP_COMPILER_OPTIONS})
             self._steps[part] = functools.partial(jitted, self.params)
-        return self._steps[part](x, cache)
+        return self._steps[part](x, cache, inputs)
 
     def encode(self, x: torch.Tensor):
         """(B, C, T, H, W) torchax tensor (see `to_jax_tensor`) -> the model's EncoderOutput."""
         with torch.no_grad(), self.torchax_env:
             return self.model.encode(x, step=self._step)
 
-    def decode(self, z: torch.Tensor):
-        """(B, z, T, H, W) torchax tensor (see `to_jax_tensor`) -> the model's DecoderOutput."""
+    def decode(self, z: torch.Tensor, **inputs: torch.Tensor):
+        """(B, z, T, H, W) torchax tensor (see `to_jax_tensor`), and the model's extra decode inputs (torchax tensors
+        by keyword) -> the model's DecoderOutput."""
         with torch.no_grad(), self.torchax_env:
-            return self.model.decode(z, step=self._step)
+            return self.model.decode(z, step=self._step, **inputs)
 
     def enable_tiling(self, **settings):
         self.model.enable_tiling(**settings)

@@ -11,6 +11,8 @@ import dataclasses
 
 import numpy as np
 
+from converter.runners import TorchRunner
+
 RTOL = 1e-4  # the tolerance is RTOL * max(1, max |reference|)
 
 
@@ -88,26 +90,6 @@ def validation_clip(shape: tuple) -> np.ndarray:
         clip[t] = frame
     clip = clip[:, np.arange(channels) % 3].transpose(1, 0, 2, 3)  # (C, T, H, W); other channel counts repeat RGB
     return np.broadcast_to(clip * 2.0 - 1.0, (batch, channels, frames, height, width)).astype(np.float32)
-
-
-class TorchRunner:
-    """The project's PyTorch model in plain PyTorch, in float32: the reference side of every validation."""
-
-    def __init__(self, model):
-        self.model = model.float().eval()
-
-    def decode(self, latent: np.ndarray) -> np.ndarray:
-        import torch
-
-        with torch.no_grad():
-            return self.model.decode(torch.from_numpy(latent)).sample.numpy()
-
-    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        import torch
-
-        with torch.no_grad():
-            posterior = self.model.encode(torch.from_numpy(video)).latent_dist
-            return posterior.mean.numpy(), posterior.logvar.numpy()
 
 
 def reference_model(family, config, source_weights, dtype):

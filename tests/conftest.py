@@ -46,7 +46,7 @@ def caches(tmp_path_factory):
     of interrupted runs leave it out. The Flax models' structures are kept in a folder of the session's too, never
     in the user's cache folder."""
     from converter.api import COMPILE_CACHE_ENV
-    from converter.targets import STRUCTURE_CACHE_ENV
+    from converter.structure_cache import STRUCTURE_CACHE_ENV
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(os.environ, COMPILE_CACHE_ENV, str(tmp_path_factory.mktemp("jax-compile-cache")))

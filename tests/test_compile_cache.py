@@ -11,10 +11,10 @@ import pytest
 from flax import nnx
 
 import converter
-from converter import targets
+from converter import structure_cache
 from converter.api import COMPILE_CACHE_ENV
 from converter.registry import FAMILIES
-from converter.targets import STRUCTURE_CACHE_ENV
+from converter.structure_cache import STRUCTURE_CACHE_ENV
 from tests.helpers import REPO, compiled_steps, environment_without_compile_cache, run_cli, save_diffusers
 
 DECODE = """
@@ -66,7 +66,7 @@ def _load_afresh(out, monkeypatch, cache=None):
     as the environment says)."""
     if cache is not None:
         monkeypatch.setenv(STRUCTURE_CACHE_ENV, str(cache))
-    targets._STRUCTURES.clear()
+    structure_cache._STRUCTURES.clear()
     return converter.load(out)
 
 
@@ -104,7 +104,7 @@ def test_a_later_load_takes_the_model_structure_from_the_cache(flax_outputs, tmp
             builds = _counting_builds(building)
             np.testing.assert_array_equal(_decoded(_load_afresh(out, monkeypatch, cache)), _decoded(first))
         assert builds == [1]
-        assert targets._read_structure(entry) is not None and entry.stat().st_mode & 0o777 == 0o600
+        assert structure_cache._read_structure(entry) is not None and entry.stat().st_mode & 0o777 == 0o600
 
 
 def test_each_structure_has_its_own_entry(flax_outputs, tmp_path, monkeypatch):
@@ -114,7 +114,7 @@ def test_each_structure_has_its_own_entry(flax_outputs, tmp_path, monkeypatch):
     _load_afresh(out, monkeypatch, cache)
     _load_afresh(out_bf16, monkeypatch, cache)
     assert len(_structures(cache)) == 2
-    monkeypatch.setattr(targets, "_models_digest", lambda: "the model code after an edit")
+    monkeypatch.setattr(structure_cache, "_models_digest", lambda: "the model code after an edit")
     _load_afresh(out, monkeypatch, cache)
     assert len(_structures(cache)) == 3
 

@@ -18,7 +18,7 @@ import torch
 from flax import nnx
 
 import converter
-from converter import targets
+from converter import orbax_io
 from converter.errors import InputError
 from converter.torchax_runtime import compile_model, to_jax_tensor
 from tests.helpers import run_cli
@@ -46,7 +46,7 @@ def outputs(wan_small, tmp_path_factory):
     )
     # what earlier versions wrote: Orbax's default layout, one OCDBT store of zarr3 arrays
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(targets, "ORBAX_SAVING", {"use_ocdbt": True, "use_zarr3": True, "use_compression": False})
+        patch.setattr(orbax_io, "ORBAX_SAVING", {"use_ocdbt": True, "use_zarr3": True, "use_compression": False})
         converter.save(converter.load(root / "flax"), root / "flax-ocdbt")
     return root
 
@@ -66,7 +66,7 @@ def test_load_takes_a_relative_path_from_any_working_directory(outputs, tmp_path
     assert vae.decode(np.zeros((1, 1, 2, 2, 4), np.float32)).shape == (1, 1, 16, 16, 3)
 
 
-MAPPED_FROM = {"flax": targets.MAPPED_FROM_BYTES, "flax-st": 0}  # the Orbax output's small leaves are read
+MAPPED_FROM = {"flax": orbax_io.MAPPED_FROM_BYTES, "flax-st": 0}  # the Orbax output's small leaves are read
 
 
 @pytest.mark.parametrize("name", list(MAPPED_FROM))

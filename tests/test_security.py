@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import converter
-from converter import cli, targets
+from converter import cli, orbax_io, structure_cache, targets
 from converter.errors import InputError, OutputError
 from converter.registry import MODELS, config_from_dict
 from converter.safetensors_io import SafetensorsFile
@@ -75,8 +75,8 @@ def _structure_entry(tmp_path, monkeypatch):
 
     cache = tmp_path / "cache"
     cache.mkdir(mode=0o700)
-    monkeypatch.setenv(targets.STRUCTURE_CACHE_ENV, str(cache))
-    return targets._structure_entry("wan", WanVAEConfig(), np.dtype(np.float32))
+    monkeypatch.setenv(structure_cache.STRUCTURE_CACHE_ENV, str(cache))
+    return structure_cache._structure_entry("wan", WanVAEConfig(), np.dtype(np.float32))
 
 
 def test_a_planted_link_in_the_structure_cache_runs_nothing(tmp_path, monkeypatch):
@@ -85,10 +85,10 @@ def test_a_planted_link_in_the_structure_cache_runs_nothing(tmp_path, monkeypatc
     bait.write_bytes(pickle.dumps(RunsCode(marker)))  # the user's own file, private, holding another's bytes
     bait.chmod(0o600)
     entry.symlink_to(bait)
-    assert targets._read_structure(entry) is None and not marker.exists()
+    assert structure_cache._read_structure(entry) is None and not marker.exists()
     entry.unlink()
     os.link(bait, entry)  # a hard link: the same file, two names
-    assert targets._read_structure(entry) is None and not marker.exists()
+    assert structure_cache._read_structure(entry) is None and not marker.exists()
 
 
 def test_a_structure_cache_folder_others_can_write_is_not_used(tmp_path, monkeypatch, capsys):
@@ -97,11 +97,11 @@ def test_a_structure_cache_folder_others_can_write_is_not_used(tmp_path, monkeyp
     entry.write_bytes(pickle.dumps(RunsCode(marker)))
     entry.chmod(0o600)
     entry.parent.chmod(0o777)
-    assert targets._read_structure(entry) is None and targets._read_structure(entry) is None
+    assert structure_cache._read_structure(entry) is None and structure_cache._read_structure(entry) is None
     assert not marker.exists()
     notes = [line for line in capsys.readouterr().err.splitlines() if "structure cache" in line]
     assert len(notes) == 1 and "only this user can write" in notes[0]  # said once
-    targets._write_structure(entry, b"kept")
+    structure_cache._write_structure(entry, b"kept")
     assert entry.read_bytes() != b"kept"
 
 
@@ -111,7 +111,7 @@ def test_a_planted_temporary_clobbers_nothing(tmp_path, monkeypatch):
     victim.write_text("the user's file")
     for pid in range(os.getpid() - 2, os.getpid() + 3):  # the names a writer of a predictable name would use
         (entry.parent / f".{entry.name}.{pid}").symlink_to(victim)
-    targets._write_structure(entry, b"kept")
+    structure_cache._write_structure(entry, b"kept")
     assert victim.read_text() == "the user's file" and entry.read_bytes() == b"kept"
     assert not entry.is_symlink() and entry.stat().st_mode & 0o777 == 0o600
 
@@ -120,7 +120,7 @@ def test_an_unwritable_structure_cache_is_one_note(tmp_path, monkeypatch, capsys
     entry = _structure_entry(tmp_path, monkeypatch)
     entry.parent.rmdir()
     entry.parent.write_text("a file where the folder would go")
-    targets._write_structure(entry, b"kept")
+    structure_cache._write_structure(entry, b"kept")
     err = capsys.readouterr().err
     assert err.startswith("vae-convert: note: the model structure is not kept") and err.count("\n") == 1
     assert "Warning" not in err and ".py" not in err
@@ -353,13 +353,13 @@ def test_a_load_racing_a_replacement_says_the_output_changed(flax_output, tmp_pa
     doing, not damage."""
     out, replacement = _copy(flax_output, tmp_path, "out"), _copy(flax_output, tmp_path, "replacement")
     next(p for p in (replacement / "state" / "state").rglob("0*") if p.stat().st_size > 1000).write_bytes(b"")
-    read = targets._zarr_leaves
+    read = orbax_io.zarr_leaves
 
     def read_while_replaced(item_dir):
         os.rename(out, tmp_path / "aside")
         os.rename(replacement, out)
         return read(item_dir)
 
-    monkeypatch.setattr(targets, "_zarr_leaves", read_while_replaced)
+    monkeypatch.setattr(orbax_io, "zarr_leaves", read_while_replaced)
     with pytest.raises(InputError, match="the output changed while loading"):
         converter.load(out)

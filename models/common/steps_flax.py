@@ -19,23 +19,25 @@ from .tiling import run_tiled
 # call, where `nnx.split` walks the module graph several times longer and its graphdef, a static argument, is hashed
 # anew on every call.
 @functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=STEP_COMPILER_OPTIONS)
-def step(part, mesh, model, x, cache):
-    """One chunk through the encoder (then quant_conv) or the decoder (after post_quant_conv); compiled once per
-    (chunk shape, first chunk or not). The 1x1x1 quant convs act per pixel, so applying them per chunk is exact.
-    On a mesh (its Auto view), the new cache is laid out as the activations are, and the convolutions see the mesh
-    (models/common/conv.py exchanges their width halos)."""
+def step(part, mesh, model, x, cache, inputs):
+    """One chunk through the encoder (then quant_conv) or the decoder (after post_quant_conv), with the part's extra
+    inputs (a dict of arrays by keyword, {} for most families); compiled once per (chunk shape, first chunk or not).
+    The 1x1x1 quant convs act per pixel, so applying them per chunk is exact. On a mesh (its Auto view), the new cache
+    is laid out as the activations are, and the convolutions see the mesh (models/common/conv.py exchanges their
+    width halos)."""
     with jax.sharding.use_abstract_mesh(mesh.abstract_mesh) if mesh is not None else contextlib.nullcontext():
         if part == "decoder" and model.post_quant_conv is not None:
             x = model.post_quant_conv(x)
-        x, cache = getattr(model, part)(x, cache)
+        x, cache = getattr(model, part)(x, cache, **inputs)
         if part == "encoder" and model.quant_conv is not None:
             x = model.quant_conv(x)
     return x, constrain_activations(cache, mesh)
 
 
-def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], mesh=None):
+def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], mesh=None, inputs=None):
     """x (B, T, H, W, C) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache carried
-    from one to the next; tile by tile when the model's tiling is on. With a mesh ("dp", "tp"), batch and width are
+    from one to the next, `inputs` (keyword arrays, such as a per-batch timestep) given to every chunk of every tile;
+    tile by tile when the model's tiling is on. With a mesh ("dp", "tp"), batch and width are
     split over it (models/common/sharding.py)."""
     mesh = auto_axes(mesh)
     placed, x = replicate(model, mesh), shard_activations(x, mesh)
@@ -43,7 +45,7 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], m
     def run(x):
         outs, cache = [], None
         for start, end in bounds:
-            out, cache = step(part, mesh, placed, x[:, start:end], cache)
+            out, cache = step(part, mesh, placed, x[:, start:end], cache, inputs or {})
             outs.append(out)
         return jnp.concatenate(outs, axis=1)
 

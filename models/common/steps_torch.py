@@ -13,26 +13,30 @@ from .tiling import TilingMixin, run_tiled
 class ChunkedAutoencoder(TilingMixin, nn.Module):
     """Subclasses define encoder, decoder, quant_conv and post_quant_conv (either may be None), and `config`."""
 
-    def chunk_step(self, part: str, x: torch.Tensor, cache):
-        """One chunk through the encoder then quant_conv, or post_quant_conv then the decoder. The 1x1x1 quant convs
-        act per pixel, so applying them per chunk is exact."""
+    def chunk_step(self, part: str, x: torch.Tensor, cache, inputs: dict):
+        """One chunk through the encoder then quant_conv, or post_quant_conv then the decoder, with the part's extra
+        inputs (tensors by keyword, {} for most families). The 1x1x1 quant convs act per pixel, so applying them per
+        chunk is exact."""
         if part == "decoder" and self.post_quant_conv is not None:
             x = self.post_quant_conv(x)
-        x, cache = getattr(self, part)(x, cache)
+        x, cache = getattr(self, part)(x, cache, **inputs)
         if part == "encoder" and self.quant_conv is not None:
             x = self.quant_conv(x)
         return x, cache
 
-    def run_chunks(self, part: str, x: torch.Tensor, bounds: list[tuple[int, int]], step=None) -> torch.Tensor:
+    def run_chunks(
+        self, part: str, x: torch.Tensor, bounds: list[tuple[int, int]], step=None, inputs=None
+    ) -> torch.Tensor:
         """x (B, C, T, H, W) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache
-        carried from one to the next. `step(part, chunk, cache)` runs one chunk: `chunk_step` unless the torchax
-        runtime passes its compiled one."""
+        carried from one to the next, `inputs` (keyword tensors) given to every chunk of every tile.
+        `step(part, chunk, cache, inputs)` runs one chunk: `chunk_step` unless the torchax runtime passes its
+        compiled one."""
         step = step or self.chunk_step
 
         def run(x):
             outs, cache = [], None
             for start, end in bounds:
-                out, cache = step(part, x[:, :, start:end], cache)
+                out, cache = step(part, x[:, :, start:end], cache, inputs or {})
                 outs.append(out)
             return torch.cat(outs, dim=2)
 

@@ -1,0 +1,76 @@
+"""The runners: a model driven with channels-first numpy arrays, as validation, the tests and the benchmark compare
+models. One protocol for the Flax model, the torchax model and the PyTorch reference; decode's extra inputs (a
+family's conditioning, such as a timestep) go by diffusers' keyword names, as numpy arrays, to the model's own
+`decode(latents, **inputs)`."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class Runner(Protocol):
+    def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        """(B, z, T, H, W) latents -> (B, C, T', H', W') video."""
+
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(B, C, T, H, W) video -> the latent distribution's (mean, logvar)."""
+
+
+class FlaxRunner:
+    """The Flax model, channels-last, driven with channels-first arrays (as the reference takes them)."""
+
+    to_last, to_first = (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)
+
+    def __init__(self, model):
+        self.model = model
+
+    def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        return np.asarray(self.model.decode(latent.transpose(self.to_last), **inputs)).transpose(self.to_first)
+
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        mean, logvar = self.model.encode(video.transpose(self.to_last))
+        return np.asarray(mean).transpose(self.to_first), np.asarray(logvar).transpose(self.to_first)
+
+
+class TorchaxRunner:
+    """The PyTorch model on JAX through torchax, each chunk step jitted, in float32."""
+
+    def __init__(self, model):
+        from converter import torchax_runtime
+
+        self.vae = torchax_runtime.compile_model(model.float().eval())
+
+    def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        from converter.torchax_runtime import to_jax_tensor, to_numpy
+
+        inputs = {name: to_jax_tensor(self.vae, value) for name, value in inputs.items()}
+        return to_numpy(self.vae.decode(to_jax_tensor(self.vae, latent), **inputs).sample)
+
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        from converter.torchax_runtime import to_jax_tensor, to_numpy
+
+        dist = self.vae.encode(to_jax_tensor(self.vae, video)).latent_dist
+        return to_numpy(dist.mean), to_numpy(dist.logvar)
+
+
+class TorchRunner:
+    """The project's PyTorch model in plain PyTorch, in float32: the reference side of every validation."""
+
+    def __init__(self, model):
+        self.model = model.float().eval()
+
+    def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
+        import torch
+
+        inputs = {name: torch.from_numpy(np.asarray(value)) for name, value in inputs.items()}
+        with torch.no_grad():
+            return self.model.decode(torch.from_numpy(latent), **inputs).sample.numpy()
+
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        import torch
+
+        with torch.no_grad():
+            posterior = self.model.encode(torch.from_numpy(video)).latent_dist
+            return posterior.mean.numpy(), posterior.logvar.numpy()
