@@ -266,7 +266,7 @@ class CompileOnlyStep:
     def __init__(self, step):
         self.step, self.compiled, self.cache_layout = step, {}, {}
 
-    def __call__(self, part, mesh, model, x, cache):
+    def __call__(self, part, mesh, model, x, cache, inputs):
         import jax
         import jax.numpy as jnp
         from jax.sharding import NamedSharding
@@ -284,6 +284,7 @@ class CompileOnlyStep:
                 jax.tree.map(lambda v: spec(v, replicated), model),
                 spec(x, activations),
                 None if cache is None else jax.tree.map(spec, cache, self.cache_layout[part]),
+                jax.tree.map(lambda v: spec(v, replicated), inputs),
             )
             started = time.perf_counter()
             compiled = self.step.lower(part, mesh, *args).compile()

@@ -23,6 +23,7 @@ SLOWEST_MODULES = (
     "test_parity.py",
     "test_tiling.py",
     "test_source_formats.py",
+    "test_wan.py",
     "test_sharding.py",
     "test_full_size.py",
     "test_interrupts.py",

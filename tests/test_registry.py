@@ -49,3 +49,25 @@ def test_names_are_registered_once():
     with pytest.raises(ValueError, match="wan2.1"):
         registry.register(dataclasses.replace(wan, name="other"))
     assert "other" not in registry.FAMILIES
+
+
+@pytest.mark.parametrize("family", list(registry.FAMILIES.values()), ids=list(registry.FAMILIES))
+def test_every_family_implements_the_model_protocol(family):
+    """Both implementations, built abstractly (no weights), have what the chunk runners, tiling, validation and the
+    converter use (models/common/protocol.py)."""
+    import numpy as np
+
+    from converter import targets
+    from converter.models.common.protocol import FlaxVAE, Part, TorchVAE
+
+    config = family.config_class.from_dict(family.testing().small_configs["default-arch"])
+    flax_model = targets.TARGETS["flax"].empty_model(family, config, np.float32).model
+    torch_model = targets.meta_torch(family, config)
+    assert isinstance(flax_model, FlaxVAE) and isinstance(torch_model, TorchVAE)
+    for model in (flax_model, torch_model):
+        assert isinstance(model.encoder, Part) and isinstance(model.decoder, Part)
+        assert model.tile_plan("decoder") is None  # tiling is off until enabled, as in diffusers
+        model.enable_tiling()
+        assert model.tile_plan("decoder") is not None and model.tile_plan("encoder") is not None
+        model.disable_tiling()
+    assert family.validation_latent_shape(config)[0] == family.validation_video_shape(config)[0]

@@ -1,4 +1,4 @@
-"""Original release files (Wan2.1_VAE.pth, ComfyUI's wan_2.1_vae.safetensors, Wan2.2_VAE.pth, CogVideoX's SAT
+"""Original release files (each family's formats: Wan2.1_VAE.pth, Wan2.2_VAE.pth, CogVideoX's SAT
 3d-vae.pt), written from a diffusers model by renaming its keys with the pairings in ../shared/data/source-formats/
 (the oracle for keys): through the CLI they convert to exactly what the diffusers-format checkpoint converts to, and
 what does not fit is refused in one line, leaving nothing behind."""
@@ -8,62 +8,16 @@ from __future__ import annotations
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
 
 from converter.errors import InputError, MappingError, UsageError
 from converter.mapping import MAPPINGS_DIR
 from converter.registry import FAMILIES
-from converter.targets import read_output
-from tests.helpers import REPO, fails, family_cases, manifest, run_cli, save_diffusers, small
+from tests.helpers import fails, manifest, run_cli, save_diffusers
+from tests.original_files import FORMATS, assert_same_tensors, output_tensors, released_config, write_original
 
-PAIRINGS = REPO.parent / "shared" / "data" / "source-formats"
 WAN, COGVIDEOX = FAMILIES["wan"], FAMILIES["cogvideox"]
-
-# Each family's original formats as its test data writes them (models/<family>/testing.py): by format, (family,
-# OriginalFileCase). The validation decode/encode runs for one target per format (it checks the reference sees the
-# renamed weights); the other target's output is proven by equality with the diffusers checkpoint's conversion.
-FORMATS = {fmt: (family, case) for family, fmt, case in family_cases(lambda testing: testing.original_files).values()}
-
-
-def released_config(fmt: str) -> tuple[str, dict]:
-    """The model name and small config (with the released block structure) a format's test file is written for."""
-    family, case = FORMATS[fmt]
-    name, config = small(family, case.small)
-    return name, {**config, **case.config_changes}
-
-
-def pairing(fmt: str) -> dict[str, str]:
-    """original key -> diffusers key, as the shared pairings list them."""
-    keys = json.loads((PAIRINGS / f"{fmt}.json").read_text())["keys"]
-    return {original: entry["diffusers"] for original, entry in keys.items()}
-
-
-def as_released(state: dict, fmt: str) -> dict:
-    return {original: state[diffusers].clone() for original, diffusers in pairing(fmt).items()}
-
-
-def write_original(state: dict, fmt: str, path, wrapper=FORMATS, extra=None):
-    """The diffusers state_dict renamed as the original file has it, pickled as it is released (SAT: wrapped, with
-    training-discriminator tensors beside the model's)."""
-    tensors = {**as_released(state, fmt), **(extra or {})}
-    wrapper = FORMATS[fmt][1].wrapper if wrapper is FORMATS else wrapper
-    path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({wrapper: tensors} if wrapper else tensors, path)
-    return path
-
-
-def output_tensors(out) -> dict[str, np.ndarray]:
-    info = read_output(out)
-    weights = info.target.read_weights(info.path, info.fmt)
-    return {str(k): np.asarray(v) for k, v in weights.items()}
-
-
-def assert_same_tensors(got: dict, expected: dict):
-    assert got.keys() == expected.keys()
-    for key, value in expected.items():
-        assert got[key].dtype == value.dtype and np.array_equal(got[key], value), key
 
 
 @pytest.fixture(scope="module", params=list(FORMATS))
@@ -94,28 +48,6 @@ def test_original_file_converts_as_its_diffusers_checkpoint(released, tmp_path, 
     if FORMATS[fmt][1].wrapper:  # the discriminator is named, counted and reported, not converted
         assert info["source"]["dropped"] == {"training-discriminator": {"tensors": 1, "bytes": 64 * 3 * 4 * 4 * 4}}
         assert "dropped 1 tensor(s) by rule training-discriminator" in result.stderr
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_comfyui_16_bit_safetensors_stays_16_bit(tmp_path, dtype):
-    """ComfyUI's repackaged wan_2.1_vae.safetensors: Wan 2.1's original keys, 16-bit (validated in bfloat16)."""
-    from safetensors.torch import save_file
-
-    model = save_diffusers(WAN, tmp_path / "vae", WAN.testing().small_configs["default-arch"]).to(dtype)
-    model.save_pretrained(tmp_path / "vae-16")
-    save_file(as_released(model.state_dict(), "wan2.1-original"), tmp_path / "wan_2.1_vae.safetensors")
-    config = tmp_path / "vae" / "config.json"
-    args = ("--config", config, "--to", "flax", "--format", "safetensors")
-    validate = () if dtype == torch.bfloat16 else ("--no-validate",)
-    result = run_cli(
-        "wan2.1", "--source", tmp_path / "wan_2.1_vae.safetensors", *args, "--out", tmp_path / "o", *validate
-    )
-    run_cli("wan2.1", "--source", tmp_path / "vae-16", *args, "--out", tmp_path / "d", "--no-validate")
-    name = str(dtype).removeprefix("torch.")
-    assert f"auto -> {name}" in result.stderr and manifest(tmp_path / "o")["dtype"] == name
-    if not validate:
-        assert manifest(tmp_path / "o")["validation"]["ok"]
-    assert_same_tensors(output_tensors(tmp_path / "o"), output_tensors(tmp_path / "d"))
 
 
 @pytest.fixture(scope="module")
@@ -150,17 +82,6 @@ def test_other_family_original_file(tmp_path):
     source = write_original(state, "cogvideox-sat", tmp_path / "3d-vae.pt")
     out = tmp_path / "out"
     fails(_convert("wan2.1", source, out), InputError.exit_code, "cogvideox-sat", "`vae-convert cogvideox-2b`", out=out)
-
-
-@pytest.mark.parametrize(
-    ("fmt", "named", "hint"), [("wan2.2-original", "wan2.1", "wan2.2"), ("wan2.1-original", "wan2.2", "wan2.1")]
-)
-def test_original_file_of_the_other_wan_variant(tmp_path, fmt, named, hint):
-    family, case = FORMATS[fmt]
-    state = save_diffusers(family, tmp_path / "vae", released_config(fmt)[1]).state_dict()
-    source = write_original(state, fmt, tmp_path / case.file_name)
-    out = tmp_path / "out"
-    fails(_convert(named, source, out), InputError.exit_code, f"({fmt})", f"`vae-convert {hint}`", out=out)
 
 
 def test_forced_format_of_another_family(wan21_state, tmp_path):

@@ -1,0 +1,58 @@
+"""Original release files as tests write them: a diffusers state_dict renamed with the pairings in
+../shared/data/source-formats/ (the oracle for keys), pickled as released; and the comparison of two outputs'
+tensors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from converter.targets import read_output
+from tests.helpers import REPO, family_cases, small
+
+PAIRINGS = REPO.parent / "shared" / "data" / "source-formats"
+# Each family's original formats as its test data writes them (models/<family>/testing.py): by format, (family,
+# OriginalFileCase). The validation decode/encode runs for one target per format (it checks the reference sees the
+# renamed weights); the other target's output is proven by equality with the diffusers checkpoint's conversion.
+FORMATS = {fmt: (family, case) for family, fmt, case in family_cases(lambda testing: testing.original_files).values()}
+
+
+def released_config(fmt: str) -> tuple[str, dict]:
+    """The model name and small config (with the released block structure) a format's test file is written for."""
+    family, case = FORMATS[fmt]
+    name, config = small(family, case.small)
+    return name, {**config, **case.config_changes}
+
+
+def pairing(fmt: str) -> dict[str, str]:
+    """original key -> diffusers key, as the shared pairings list them."""
+    keys = json.loads((PAIRINGS / f"{fmt}.json").read_text())["keys"]
+    return {original: entry["diffusers"] for original, entry in keys.items()}
+
+
+def as_released(state: dict, fmt: str) -> dict:
+    return {original: state[diffusers].clone() for original, diffusers in pairing(fmt).items()}
+
+
+def write_original(state: dict, fmt: str, path, wrapper=FORMATS, extra=None):
+    """The diffusers state_dict renamed as the original file has it, pickled as it is released (SAT: wrapped, with
+    training-discriminator tensors beside the model's)."""
+    tensors = {**as_released(state, fmt), **(extra or {})}
+    wrapper = FORMATS[fmt][1].wrapper if wrapper is FORMATS else wrapper
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({wrapper: tensors} if wrapper else tensors, path)
+    return path
+
+
+def output_tensors(out) -> dict[str, np.ndarray]:
+    info = read_output(out)
+    weights = info.target.read_weights(info.path, info.fmt)
+    return {str(k): np.asarray(v) for k, v in weights.items()}
+
+
+def assert_same_tensors(got: dict, expected: dict):
+    assert got.keys() == expected.keys()
+    for key, value in expected.items():
+        assert got[key].dtype == value.dtype and np.array_equal(got[key], value), key
