@@ -30,9 +30,12 @@ import yaml
 
 from converter.errors import MappingError
 
+# The fields each part of a mapping file may have (docs/mapping-format.md documents each; a test keeps the two equal)
+TOP_FIELDS = {"family", "patterns", "targets", "source_formats"}
 RULE_FIELDS = {"name", "match", "to", "lookup", "transpose", "squeeze", "reshape"}
 DROP_FIELDS = {"name", "match"}
 FORMAT_FIELDS = {"about", "model", "pairings", "signature", "container", "lookups", "rules", "drop"}
+CONTAINER_FIELDS = {"wrapper"}
 LAYOUT_OPS = ("transpose", "squeeze", "reshape")
 MAPPINGS_DIR = Path(str(importlib.resources.files("converter.mappings")))
 
@@ -111,7 +114,7 @@ def load_mapping(path: str | Path) -> Mapping:
         raise MappingError(f"{path}: cannot read mapping file ({e.strerror})") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("targets"), dict) or "family" not in doc:
         raise MappingError(f"{path}:1: a mapping file needs 'family' and a 'targets' section")
-    unknown = set(doc) - {"family", "patterns", "targets", "source_formats", "__line__"}
+    unknown = set(doc) - TOP_FIELDS - {"__line__"}
     if unknown:
         raise MappingError(f"{path}:{doc['__line__']}: unknown top-level field(s): {', '.join(sorted(unknown))}")
     patterns = _patterns(path, doc.get("patterns", {}))
@@ -145,7 +148,7 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
     if not isinstance(signature, list) or not signature or not all(isinstance(k, str) for k in signature):
         raise MappingError(f"{where}: source format {name!r} needs a 'signature': a list of keys only it has")
     container = raw.get("container", {"__line__": raw["__line__"]})
-    if not isinstance(container, dict) or set(container) - {"wrapper", "__line__"}:
+    if not isinstance(container, dict) or set(container) - CONTAINER_FIELDS - {"__line__"}:
         raise MappingError(f"{where}: 'container' takes only 'wrapper' (the key the tensors are kept under)")
     lookups = raw.get("lookups", {})
     if not isinstance(lookups, dict) or not all(isinstance(t, dict) for k, t in lookups.items() if k != "__line__"):

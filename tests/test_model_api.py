@@ -1,6 +1,6 @@
 """The Python API: `converter.load` takes relative paths, uses a Flax output's mapped files in place (Orbax and
 safetensors), gives each load a model of its own, still loads the OCDBT checkpoints earlier versions wrote, and
-fails on a damaged output with one clear error; Orbax's own loader reads the output as the README says; the models
+fails on a damaged output with one clear error; Orbax's own loader reads the output as docs/usage.md says; the models
 check their inputs with one clear ValueError, and the README's torchax snippet works as written for a bfloat16
 output."""
 
