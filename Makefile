@@ -6,7 +6,7 @@ DEMO := build/demo
 
 FLOORS := .venv-floors
 
-.PHONY: demo test install test-floors
+.PHONY: demo test test-fast install test-floors
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,10 @@ demo: install
 # two, not one per core, bounds memory
 test: install
 	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder
+
+# the inner loop: every module's basic cases (tests/conftest.py marks the rest slow), under 5 minutes
+test-fast: install
+	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder -m "not slow"
 
 # The lowest releases setup.cfg allows (constraints-floors.txt; torch: the CPU wheel, see that file), on the tests
 # that cover each family and target, load, export and the mappings

@@ -34,9 +34,28 @@ SLOWEST_MODULES = (
 )
 
 
+# `make test-fast` (-m "not slow") leaves out these modules, every parametrised case of a test but its first, and the
+# tests marked slow in their modules: each module's basic behaviour stays in the fast tier, the variations (other
+# families, configs, formats) in the full one.
+SLOW_MODULES = {
+    "test_full_size.py",
+    "test_multihost.py",
+    "test_bench.py",
+    "test_interrupts.py",
+    "test_install.py",
+    "test_sharding.py",
+}
+
+
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's own order is kept
+    first_cases = set()
+    for item in items:
+        test = (item.path.name, getattr(item, "originalname", item.name))
+        if item.path.name in SLOW_MODULES or (hasattr(item, "callspec") and test in first_cases):
+            item.add_marker(pytest.mark.slow)
+        first_cases.add(test)
 
 
 @pytest.fixture(scope="session", autouse=True)

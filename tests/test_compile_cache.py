@@ -35,6 +35,7 @@ def _entries(cache):
     return {p.name for p in cache.rglob("*") if p.is_file()} if cache.exists() else set()
 
 
+@pytest.mark.slow
 def test_second_process_hits_the_cache(wan_small, tmp_path, monkeypatch):
     source, _ = wan_small
     # a conversion's validation uses the cache too (what a second process finds there: below)

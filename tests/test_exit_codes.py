@@ -184,6 +184,7 @@ def test_publish_without_the_hub(wan_small, tmp_path, monkeypatch, hub):
     )
 
 
+@pytest.mark.slow
 def test_fetching_without_a_network_says_what_works_offline(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_refusing_port()}")

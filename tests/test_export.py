@@ -51,6 +51,7 @@ def test_round_trip_is_bit_exact(diffusers_source, tmp_path, fmt):
     )
 
 
+@pytest.mark.slow
 def test_fine_tuned_model_exports_and_runs_in_diffusers(tmp_path):
     """Every parameter moved, as training moves them; saved from memory, exported, read by diffusers. Wan 2.2's
     layout (the other cases' rules are proven bit-exact by the round trip)."""
@@ -89,6 +90,7 @@ def test_fine_tuned_model_exports_and_runs_in_diffusers(tmp_path):
         assert np.abs(reference.decode(z).sample.numpy() - decoded).max() > 100 * ATOL
 
 
+@pytest.mark.slow
 def test_bfloat16_output_exports_as_bfloat16_or_float32(wan_small, tmp_path):
     source, _ = wan_small
     run_cli(

@@ -51,6 +51,7 @@ def _tile_shapes(plan, height, width) -> set[tuple[int, int]]:
     }
 
 
+@pytest.mark.slow
 def test_tiled_decode_matches_diffusers_and_compiles_each_tile_shape_once(converted):
     family, case, reference, models = converted
     z = _latent(family, case, reference)
