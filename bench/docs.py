@@ -11,7 +11,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "bench" / "results"
-BLOCK = re.compile(r"(<!-- bench: (?P<file>[\w.-]+)(?: table (?P<table>\d+))? -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S)
+BLOCK = re.compile(
+    r"(<!-- bench: (?P<file>[\w.-]+)(?: table (?P<table>\d+))? -->\n)(?P<body>.*?)(<!-- /bench -->)", re.S
+)
 
 
 def tables(text: str) -> list[str]:

@@ -17,9 +17,7 @@ DOCS = REPO / "docs"
 
 def _table_rows(text: str) -> list[list[str]]:
     return [
-        [cell.strip() for cell in line.strip("|").split("|")]
-        for line in text.splitlines()
-        if line.startswith("| `")
+        [cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| `")
     ]
 
 
