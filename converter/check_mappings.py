@@ -115,7 +115,7 @@ def _check_format(rules, family, fmt, configs, pairings: Path | None) -> FormatR
     if fmt.model not in MODELS:
         return FormatReport(fmt.name, True, str(path), len(listed), [], [f"{fmt.where}: unknown model {fmt.model!r}"])
     config = config_from_dict(family, MODELS[fmt.model].config)
-    diffusers = {k: tuple(v.shape) for k, v in targets.meta_torch(family, config).state_dict().items()}
+    diffusers = targets.diffusers_shapes(family, config)
     source = {k: tuple(v["shape"]) for k, v in listed.items()}
     result = mapping.rename_keys(rules, fmt, source, diffusers)
     problems = list(result.problems)
@@ -141,7 +141,7 @@ def _check_target(rules, family, configs, target) -> TargetReport:
         return TargetReport(target, {}, [], [f"{rules.path}: no section for target {target!r}"])
     per_config, hits = {}, {rule: {} for rule in rules.targets[target]}
     for name, config in configs:
-        source = {k: tuple(v.shape) for k, v in targets.meta_torch(family, config).state_dict().items()}
+        source = targets.diffusers_shapes(family, config)
         leaves = targets.TARGETS[target].leaf_shapes(family, config)
         result = mapping.match_keys(rules, target, source, leaves)
         problems = result.problems + _not_invertible(result.assignments, source, leaves)

@@ -28,7 +28,7 @@ from converter.report import Summary, failure_message, no_progress, record_valid
 from converter.runners import TorchRunner
 from converter.safetensors_io import SafetensorsFile
 from converter.sources import ensure_weights_fit_config
-from converter.targets import DTYPES, TARGETS, load_output, meta_torch, read_output
+from converter.targets import DTYPES, TARGETS, diffusers_shapes, load_output, read_output
 
 FLAX, TORCHAX = TARGETS["flax"], TARGETS["torchax"]
 
@@ -62,8 +62,8 @@ def export(req: ExportRequest) -> Summary:
     _ensure_leaves_fit(source, leaves, FLAX.leaf_shapes(family, config), source_dtype)
     mapping_path = mapping.MAPPINGS_DIR / family.mapping_file
     rules = mapping.load_mapping(mapping_path)
-    diffusers_shapes = {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
-    assignments = mapping.plan(rules, FLAX.name, diffusers_shapes, {k: tuple(v.shape) for k, v in leaves.items()})
+    shapes = diffusers_shapes(family, config)
+    assignments = mapping.plan(rules, FLAX.name, shapes, {k: tuple(v.shape) for k, v in leaves.items()})
 
     with folder as work:
         record = new_manifest(
@@ -75,11 +75,11 @@ def export(req: ExportRequest) -> Summary:
             mapping={"file": mapping_path.name, "sha256": hashlib.sha256(mapping_path.read_bytes()).hexdigest()},
             source={"origin": str(source), "exported_from": "flax", "flax_output": _provenance(manifest)},
         )
-        specs = {key: (shape, dtype) for key, shape in diffusers_shapes.items()}
+        specs = {key: (shape, dtype) for key, shape in shapes.items()}
         writer = TORCHAX.open_writer("safetensors", work, specs, {"format": "pt", "vae_convert": record})
         by_key = {a.source_key: a for a in assignments}
         try:
-            for key in req.progress(list(diffusers_shapes), "exporting"):
+            for key in req.progress(list(shapes), "exporting"):
                 a = by_key[key]
                 leaf = np.asarray(leaves.pop(a.target_key))
                 writer.write(key, mapping.apply_ops(mapping.inverse_ops(a.rule.ops, specs[key][0]), leaf).astype(dtype))
@@ -151,7 +151,7 @@ def _copy_diffusers_output(req, info, folder: OutputFolder, started: float) -> S
     with folder as work:
         _copy_regular_file(source / name, work / name)
         weights = SafetensorsFile(work / name, shown=source / name)
-        expected = {k: tuple(v.shape) for k, v in meta_torch(info.family, info.config).state_dict().items()}
+        expected = diffusers_shapes(info.family, info.config)
         ensure_weights_fit_config(info.family, expected, weights, f"{source / name}: ")
         wrong = next((k for k, (_, dtype) in weights.specs.items() if dtype != info.dtype), None)
         if wrong is not None:

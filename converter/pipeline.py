@@ -20,7 +20,7 @@ from converter.errors import ConvertError, InputError, MappingError, OutputError
 from converter.output import MANIFEST, OutputFolder, new_manifest, write_json
 from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
 from converter.report import Summary, failure_message, no_progress, record_validation, silent
-from converter.targets import DTYPES, Target, load_output, meta_torch
+from converter.targets import DTYPES, Target, diffusers_shapes, load_output
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -213,7 +213,6 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     config = config_from_dict(family, raw, config_origin(req, source, fmt))
     refuse_other_variant(req.model, config)
     source_formats.refuse_other_variant(fmt, family, config, req.model)
-    expected = {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
     dropped = {}
     if fmt.renames:
         told = (
@@ -221,13 +220,18 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
             if req.config_file
             else f"{req.model.name}'s config (--config FILE for another)"
         )
-        renamed = source_formats.rename(rules, fmt, weights, expected, shown, told)
+        renamed = source_formats.rename(rules, fmt, weights, diffusers_shapes(family, config), shown, told)
         weights, dropped = renamed.weights, renamed.dropped
-    else:
-        sources.ensure_weights_fit_config(family, expected, weights)
     leaf_shapes = req.target.leaf_shapes(family, config)
     source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
-    assignments = mapping.plan(rules, req.target.name, source_shapes, leaf_shapes)
+    try:
+        assignments = mapping.plan(rules, req.target.name, source_shapes, leaf_shapes)
+    except MappingError:
+        # weights that do not fit their config are bad input, said as such; only rules that fail on a checkpoint
+        # that fits are a mapping problem (the diffusers model's shapes need PyTorch: asked for only here)
+        if not fmt.renames:
+            sources.ensure_weights_fit_config(family, diffusers_shapes(family, config), weights)
+        raise
     ignored = family.config_class.ignored_fields(raw)
     return Plan(weights, config, mapping_path, leaf_shapes, assignments, ignored, fmt, dropped)
 

@@ -178,6 +178,11 @@ def meta_torch(family: FamilySpec, config):
         return family.torch_model()(config)
 
 
+def diffusers_shapes(family: FamilySpec, config) -> dict[str, tuple[int, ...]]:
+    """The diffusers state_dict's keys and shapes for `config` (imports PyTorch)."""
+    return {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
+
+
 def to_torch(array: np.ndarray):
     """A numpy array (bfloat16 included) as a CPU tensor on writable memory: the array's own when it is writable
     and aligned (a copy-on-write map), else a copy."""
