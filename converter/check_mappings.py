@@ -65,13 +65,18 @@ def check_files(paths: list[Path], only_target: str | None, pairings: Path | Non
         reports.append(report)
         try:
             rules = mapping.load_mapping(path)
-            family = FAMILIES.get(rules.family)
-            if family is None:
-                raise ConvertError(f"{path}:1: unknown family {rules.family!r} (known: {', '.join(FAMILIES)})")
-            configs = [(name, config_from_dict(family, raw)) for name, raw in configs_to_check(family)]
+            unknown = [f for f in rules.families if f not in FAMILIES]
+            if unknown:
+                raise ConvertError(f"{path}:1: unknown family {unknown[0]!r} (known: {', '.join(FAMILIES)})")
+            # every config of every family the file maps, each with its family
+            configs = [
+                (name, FAMILIES[f], config_from_dict(FAMILIES[f], raw))
+                for f in rules.families
+                for name, raw in configs_to_check(FAMILIES[f])
+            ]
             for target in [only_target] if only_target else list(targets.TARGETS):
-                report.targets.append(_check_target(rules, family, configs, target))
-            report.formats = [_check_format(rules, family, fmt, configs, pairings) for fmt in rules.formats.values()]
+                report.targets.append(_check_target(rules, configs, target))
+            report.formats = [_check_format(rules, fmt, configs, pairings) for fmt in rules.formats.values()]
         except ConvertError as e:
             report.error = str(e)
     return reports
@@ -92,15 +97,15 @@ def _not_invertible(assignments, source: dict, leaves: dict) -> list[str]:
     return problems
 
 
-def _check_format(rules, family, fmt, configs, pairings: Path | None) -> FormatReport:
+def _check_format(rules, fmt, configs, pairings: Path | None) -> FormatReport:
     """A format's signature and, against its pairings file, every rule. Diffusers' own layout has no rules: its
     signature keys must be keys of every registered config."""
     if not fmt.renames:
         problems = [
             f"signature key {key!r} ({fmt.where}) is not a key of config {name}"
-            for name, config in configs
+            for name, family, config in configs
             for key in fmt.signature
-            if key not in targets.meta_torch(family, config).state_dict()
+            if key not in targets.diffusers_shapes(family, config)
         ]
         return FormatReport(fmt.name, False, None, 0, [], problems)
     if pairings is None or fmt.pairings is None:
@@ -114,6 +119,7 @@ def _check_format(rules, family, fmt, configs, pairings: Path | None) -> FormatR
         return FormatReport(fmt.name, True, str(path), 0, [], [f"{path}: not a readable pairings file ({e})"])
     if fmt.model not in MODELS:
         return FormatReport(fmt.name, True, str(path), len(listed), [], [f"{fmt.where}: unknown model {fmt.model!r}"])
+    family = MODELS[fmt.model].family
     config = config_from_dict(family, MODELS[fmt.model].config)
     diffusers = targets.diffusers_shapes(family, config)
     source = {k: tuple(v["shape"]) for k, v in listed.items()}
@@ -136,11 +142,11 @@ def _check_format(rules, family, fmt, configs, pairings: Path | None) -> FormatR
     return FormatReport(fmt.name, True, str(path), len(listed), rule_rows, problems)
 
 
-def _check_target(rules, family, configs, target) -> TargetReport:
+def _check_target(rules, configs, target) -> TargetReport:
     if target not in rules.targets:
         return TargetReport(target, {}, [], [f"{rules.path}: no section for target {target!r}"])
     per_config, hits = {}, {rule: {} for rule in rules.targets[target]}
-    for name, config in configs:
+    for name, family, config in configs:
         source = targets.diffusers_shapes(family, config)
         leaves = targets.TARGETS[target].leaf_shapes(family, config)
         result = mapping.match_keys(rules, target, source, leaves)

@@ -182,7 +182,7 @@ def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path
     turns it into a diffusers checkpoint. Its manifest says it was saved from memory, with family and config."""
     from flax import nnx
 
-    family = next((f for f in FAMILIES.values() if isinstance(vae, f.flax_model())), None)
+    family = next((f for f in FAMILIES.values() if type(vae) is f.flax_model()), None)
     if family is None:
         raise InputError(f"save: {type(vae).__name__} is not one of the project's Flax models")
     fmt = FLAX.default_format(fmt)

@@ -83,7 +83,7 @@ class SourceFormat:
 
 @dataclasses.dataclass(frozen=True)
 class Mapping:
-    family: str
+    families: tuple[str, ...]  # the registry families whose checkpoints it maps (classes of one architecture)
     path: Path
     targets: dict[str, tuple[Rule, ...]]
     formats: dict[str, SourceFormat] = dataclasses.field(default_factory=dict)
@@ -131,7 +131,10 @@ def load_mapping(path: str | Path) -> Mapping:
     formats = {
         name: _parse_format(path, name, raw, patterns) for name, raw in raw_formats.items() if name != "__line__"
     }
-    return Mapping(family=str(doc["family"]), path=path, targets=targets, formats=formats)
+    families = doc["family"] if isinstance(doc["family"], list) else [doc["family"]]
+    if not families or not all(isinstance(f, str) for f in families):
+        raise MappingError(f"{path}:{doc['__line__']}: 'family' must name a family, or list several")
+    return Mapping(families=tuple(families), path=path, targets=targets, formats=formats)
 
 
 def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> SourceFormat:

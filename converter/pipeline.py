@@ -173,9 +173,10 @@ def load_family_mapping(req: Request) -> tuple[Path, mapping.Mapping]:
     family = req.model.family
     path = req.mapping_file or mapping.MAPPINGS_DIR / family.mapping_file
     rules = mapping.load_mapping(path)
-    if rules.family != family.name:
+    if family.name not in rules.families:
         raise MappingError(
-            f"{path} is the mapping of the {rules.family} family, not of {family.name} ({req.model.name})"
+            f"{path} is the mapping of the {' and '.join(rules.families)} family, not of {family.name} "
+            f"({req.model.name})"
         )
     return path, rules
 

@@ -29,16 +29,20 @@ class KnownFormat:
 
 
 def known_formats(family, own: mapping.Mapping) -> list[KnownFormat]:
-    """Every family's formats; the converting family's from `own` (the family's mapping file or --mapping's). Another
-    family's mapping file that does not load is left out: it is that family's problem (check-mappings names it), not
-    this conversion's."""
-    out = []
+    """Every mapping file's formats, each file once; the converting family's from `own` (the family's mapping file or
+    --mapping's), under the converting family also where families share the file. Another family's mapping file that
+    does not load is left out: it is that family's problem (check-mappings names it), not this conversion's."""
+    out, seen = [], set()
     for other in FAMILIES.values():
+        if other.mapping_file in seen:
+            continue
+        seen.add(other.mapping_file)
+        shared = other.mapping_file == family.mapping_file
         try:
-            rules = own if other is family else mapping.load_mapping(mapping.MAPPINGS_DIR / other.mapping_file)
+            rules = own if shared else mapping.load_mapping(mapping.MAPPINGS_DIR / other.mapping_file)
         except MappingError:
             continue
-        out += [KnownFormat(other, rules, fmt) for fmt in rules.formats.values()]
+        out += [KnownFormat(family if shared else other, rules, fmt) for fmt in rules.formats.values()]
     return out
 
 
@@ -98,11 +102,13 @@ def _checked_container(fmt: mapping.SourceFormat, weights, shown: str) -> mappin
 
 
 def refuse_other_variant(fmt: mapping.SourceFormat, family, config, entry):
-    """An original Wan 2.2 file named as wan2.1 (or the reverse): the format's model says which VAE the file holds."""
+    """An original Wan 2.2 file named as wan2.1 (or the reverse, or as a class sharing the mapping file): the format's
+    model says which VAE the file holds."""
     if fmt.model is None:
         return
-    held = config_from_dict(family, MODELS[fmt.model].config).variant
-    if held != config.variant:
+    holder = MODELS[fmt.model].family
+    held = config_from_dict(holder, MODELS[fmt.model].config).variant
+    if holder is not family or held != config.variant:
         raise InputError(
             f"the checkpoint is a {held} ({fmt.name}), but {entry.name} names a {config.variant}: "
             f"try `vae-convert {fmt.model}`"

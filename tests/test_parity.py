@@ -44,8 +44,10 @@ def test_decode_matches_diffusers(converted):
 
 def test_encode_matches_diffusers(converted):
     family, reference, runners = converted
+    channels = family.validation_video_shape(family.config_class.from_dict(dict(reference.config)))[1]
     for frames in family.testing().parity_frames[1]:
-        x = torch.rand(1, 3, frames, VIDEO_SIZE, VIDEO_SIZE, generator=torch.Generator().manual_seed(frames)) * 2 - 1
+        shape = (1, channels, frames, VIDEO_SIZE, VIDEO_SIZE)
+        x = torch.rand(shape, generator=torch.Generator().manual_seed(frames)) * 2 - 1
         with torch.no_grad():
             dist = reference.encode(x).latent_dist
         for target, drive in runners.items():

@@ -160,29 +160,9 @@ WAN22_CONFIG = dict(
 )
 
 
-@dataclasses.dataclass(frozen=True)
-class WanVAEConfig(DiffusersConfig):
-    """Fields and defaults as in diffusers' `AutoencoderKLWan.__init__`."""
-
-    base_dim: int = 96
-    decoder_base_dim: int | None = None
-    z_dim: int = 16
-    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
-    num_res_blocks: int = 2
-    attn_scales: tuple[float, ...] = ()
-    temperal_downsample: tuple[bool, ...] = (False, True, True)
-    dropout: float = 0.0
-    latents_mean: tuple[float, ...] = tuple(WAN21_LATENTS_MEAN)
-    latents_std: tuple[float, ...] = tuple(WAN21_LATENTS_STD)
-    is_residual: bool = False
-    in_channels: int = 3
-    out_channels: int = 3
-    patch_size: int | None = None
-    scale_factor_temporal: int | None = 4
-    scale_factor_spatial: int | None = 8
-
-    class_name = "AutoencoderKLWan"
-    retired_fields = ("clip_output",)  # in Wan 2.2's published config; diffusers dropped the option
+class WanLayout:
+    """Wan's architecture read from a config: what the models, the tiling and the registry ask of it. The configs of
+    the classes diffusers builds on it (`AutoencoderKLWan`, `AutoencoderKLQwenImage`) provide the fields used here."""
 
     def ensure_supported(self):
         if len(self.temperal_downsample) != len(self.dim_mult) - 1:
@@ -234,6 +214,31 @@ class WanVAEConfig(DiffusersConfig):
     @property
     def temperal_upsample(self) -> tuple[bool, ...]:
         return tuple(reversed(self.temperal_downsample))
+
+
+@dataclasses.dataclass(frozen=True)
+class WanVAEConfig(WanLayout, DiffusersConfig):
+    """Fields and defaults as in diffusers' `AutoencoderKLWan.__init__`."""
+
+    base_dim: int = 96
+    decoder_base_dim: int | None = None
+    z_dim: int = 16
+    dim_mult: tuple[int, ...] = (1, 2, 4, 4)
+    num_res_blocks: int = 2
+    attn_scales: tuple[float, ...] = ()
+    temperal_downsample: tuple[bool, ...] = (False, True, True)
+    dropout: float = 0.0
+    latents_mean: tuple[float, ...] = tuple(WAN21_LATENTS_MEAN)
+    latents_std: tuple[float, ...] = tuple(WAN21_LATENTS_STD)
+    is_residual: bool = False
+    in_channels: int = 3
+    out_channels: int = 3
+    patch_size: int | None = None
+    scale_factor_temporal: int | None = 4
+    scale_factor_spatial: int | None = 8
+
+    class_name = "AutoencoderKLWan"
+    retired_fields = ("clip_output",)  # in Wan 2.2's published config; diffusers dropped the option
 
 
 def encode_chunks(num_frames: int) -> list[tuple[int, int]]:
