@@ -191,15 +191,15 @@ def _patterns(path: Path, raw) -> dict[str, str]:
 
 
 def _expand(where: str, regex: str, patterns: dict[str, str]) -> str:
-    """Replaces each {name} of a rule's regex by the named pattern. A regex quantifier always holds digits, so
-    {name} (letters and underscores) cannot be one."""
+    """Replaces each {name} of a rule's regex by the named pattern. A regex quantifier starts with a digit or a
+    comma, so {name} (a letter or underscore first, then digits too) cannot be one."""
 
     def piece(match: re.Match) -> str:
         if match.group(1) not in patterns:
             raise MappingError(f"{where}: unknown pattern {{{match.group(1)}}} (defined: {', '.join(patterns)})")
         return f"(?:{patterns[match.group(1)]})"
 
-    return re.sub(r"\{([A-Za-z_]+)\}", piece, regex)
+    return re.sub(r"\{([A-Za-z_][A-Za-z0-9_]*)\}", piece, regex)
 
 
 def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=RULE_FIELDS) -> Rule:

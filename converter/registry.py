@@ -13,6 +13,7 @@ from converter.errors import InputError
 from converter.models.cogvideox.spec import COGVIDEOX
 from converter.models.common.config import ConfigError
 from converter.models.common.spec import FamilySpec
+from converter.models.hunyuanvideo.spec import HUNYUANVIDEO
 from converter.models.qwenimage.spec import QWENIMAGE
 from converter.models.wan.spec import WAN
 
@@ -44,7 +45,7 @@ def register(family: FamilySpec) -> None:
             MODELS[name] = ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
 
 
-for _family in (WAN, COGVIDEOX, QWENIMAGE):
+for _family in (WAN, COGVIDEOX, QWENIMAGE, HUNYUANVIDEO):
     register(_family)
 
 

@@ -99,6 +99,9 @@ def test_named_patterns_are_written_once_and_unknown_names_are_errors(tmp_path):
     assert len(plan(_mapping(tmp_path, named), "flax", shapes, target)) == len(shapes)
     with pytest.raises(MappingError, match=r"toy\.yaml:\d+: unknown pattern \{nothing\}"):
         _mapping(tmp_path, named.replace("({layer})", "({nothing})"))
+    # a name may hold digits (after its first character): {conv3d} is the pattern, never regex text
+    digits = named.replace("layer", "conv3d")
+    assert len(plan(_mapping(tmp_path, digits), "flax", shapes, target)) == len(shapes)
 
 
 FORMAT = """

@@ -103,3 +103,21 @@ def run_tiled(run: Callable, x, plan: TilePlan | None, *, h_axis: int, concat: C
         num, den = plan.crop_scale
         out = _window(out, h_axis, slice(0, height * num // den), slice(0, width * num // den))
     return out
+
+
+def run_framewise(
+    run: Callable, x, tiles: tuple[int, int, int, int], out_frames: int, *, t_axis: int, concat, as_array
+):
+    """diffusers' overlapping temporal tiles (HunyuanVideo's default framewise encode and decode): `run` on windows of
+    `tile` frames every `stride`; each later tile drops its first output frame, ramps its first `blend` frames in
+    from the previous tile (already blended, as diffusers' in-place loop leaves it) and keeps `keep` frames, the
+    first tile `keep + 1`; the result is cropped to `out_frames`. tiles: (tile, stride, blend, keep)."""
+    tile, stride, blend, keep = tiles
+    done = []
+    for start in range(0, x.shape[t_axis], stride):
+        out = run(_take(x, t_axis, slice(start, start + tile)))
+        if done:
+            out = _blend(done[-1], _take(out, t_axis, slice(1, None)), t_axis, blend, concat, as_array)
+        done.append(out)
+    kept = [_take(t, t_axis, slice(0, keep + (n == 0))) for n, t in enumerate(done)]
+    return _take(concat(kept, t_axis), t_axis, slice(0, out_frames))

@@ -1,0 +1,327 @@
+"""HunyuanVideo video VAE (diffusers' `AutoencoderKLHunyuanVideo`) in Flax NNX, channels-last: videos are
+(B, T, H, W, C).
+
+Read it beside diffusers' `autoencoder_kl_hunyuan_video.py`: modules carry the same names (nnx's `kernel`/`scale`
+where PyTorch says `weight`). Unlike Wan and CogVideoX, the model has no causal cache: its mid blocks attend over every
+frame, so the encoder and the decoder each run a whole clip in one step, and long clips go in diffusers' overlapping
+temporal tiles (framewise encoding and decoding, on by default as in diffusers). Convolutions pad by repeating the
+edge (replicate) in time, height and width. The mid-block attention is computed in blocks with a running softmax, so
+its T*H*W x T*H*W score matrix is never held whole.
+Kernels start at zero, not random: the model exists to be filled from a checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ..common.conv import cpu_conv
+from ..common.group_norm import group_norm
+from ..common.inputs import expect_video
+from ..common.steps_flax import run_chunks
+from ..common.tiling import TilingMixin, run_framewise
+from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
+
+ATTENTION_BLOCK = 1024  # tokens per query and key block of the mid-block attention
+
+
+def _conv(lhs, rhs, window_strides, padding, **kwargs):
+    """The convolutions pad nothing themselves (replicate padding comes first): on a mesh, XLA's partitioner splits
+    them (cpu_conv's width-halo exchange is for convolutions that zero-pad their own width)."""
+    if not jax.sharding.get_abstract_mesh().empty:
+        return jax.lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
+    return cpu_conv(lhs, rhs, window_strides, padding, **kwargs)
+
+
+class GroupNorm(nnx.Module):
+    """PyTorch's GroupNorm on channels-last input (statistics over (T, H, W, C/G) in float32)."""
+
+    def __init__(self, num_groups, num_channels, eps, *, param_dtype):
+        self.num_groups, self.eps = num_groups, eps
+        self.scale = nnx.Param(jnp.ones((num_channels,), param_dtype))
+        self.bias = nnx.Param(jnp.zeros((num_channels,), param_dtype))
+
+    def __call__(self, x):
+        return group_norm(x, self.num_groups, self.eps, self.scale[...], self.bias[...])[0]
+
+
+class HunyuanVideoCausalConv3d(nnx.Module):
+    """Conv3d after replicate padding: k-1 copies of the first frame in front, k//2 edge rows and columns around."""
+
+    def __init__(self, in_channels, out_channels, kernel_size=3, stride=(1, 1, 1), *, rngs, param_dtype):
+        self.kernel_size = kernel_size
+        self.conv = nnx.Conv(
+            in_channels,
+            out_channels,
+            (kernel_size,) * 3,
+            strides=stride,
+            padding=((0, 0),) * 3,
+            kernel_init=nnx.initializers.zeros,
+            rngs=rngs,
+            param_dtype=param_dtype,
+            conv_general_dilated=_conv,
+        )
+
+    def __call__(self, x):
+        k = self.kernel_size
+        if k > 1:
+            x = jnp.pad(x, ((0, 0), (k - 1, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)), mode="edge")
+        return self.conv(x)
+
+
+class HunyuanVideoUpsampleCausal3D(nnx.Module):
+    """Nearest upsampling by (time, space) factors, the first frame in space only, then a causal conv."""
+
+    def __init__(self, in_channels, out_channels, factors, *, rngs, param_dtype):
+        self.factors = factors
+        self.conv = HunyuanVideoCausalConv3d(in_channels, out_channels, 3, rngs=rngs, param_dtype=param_dtype)
+
+    def __call__(self, x):
+        time, space = self.factors
+        x = jnp.repeat(jnp.repeat(x, space, axis=2), space, axis=3)
+        if x.shape[1] > 1:
+            x = jnp.concatenate([x[:, :1], jnp.repeat(x[:, 1:], time, axis=1)], axis=1)
+        return self.conv(x)
+
+
+class HunyuanVideoDownsampleCausal3D(nnx.Module):
+    def __init__(self, channels, strides, *, rngs, param_dtype):
+        time, space = strides
+        self.conv = HunyuanVideoCausalConv3d(
+            channels, channels, 3, (time, space, space), rngs=rngs, param_dtype=param_dtype
+        )
+
+    def __call__(self, x):
+        return self.conv(x)
+
+
+class HunyuanVideoResnetBlockCausal3D(nnx.Module):
+    def __init__(self, in_channels, out_channels, groups, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.norm1 = GroupNorm(groups, in_channels, 1e-6, param_dtype=param_dtype)
+        self.conv1 = HunyuanVideoCausalConv3d(in_channels, out_channels, 3, **kw)
+        self.norm2 = GroupNorm(groups, out_channels, 1e-6, param_dtype=param_dtype)
+        self.conv2 = HunyuanVideoCausalConv3d(out_channels, out_channels, 3, **kw)
+        self.conv_shortcut = (
+            HunyuanVideoCausalConv3d(in_channels, out_channels, 1, **kw) if in_channels != out_channels else None
+        )
+
+    def __call__(self, x):
+        h = self.conv1(jax.nn.silu(self.norm1(x)))
+        h = self.conv2(jax.nn.silu(self.norm2(h)))
+        return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
+
+
+def frame_causal_attention(q, k, v, num_frames: int, block: int = ATTENTION_BLOCK):
+    """Single-head attention of (B, N, C) tokens, N = num_frames * tokens a frame, where a token sees the tokens of
+    its own and earlier frames (diffusers' prepare_causal_attention_mask, built from frame indices). Queries and keys
+    go in blocks with a running max and sum (flash attention's recurrence), in float32: memory O(block^2), not
+    O(N^2). The first key block holds first-frame tokens, which every query sees, so no row is ever all masked."""
+    b, n, c = q.shape
+    frame = jnp.repeat(jnp.arange(num_frames, dtype=jnp.int32), n // num_frames)
+    blocks = -(-n // block)
+    pad = blocks * block - n
+    # padded keys belong to no frame a query sees; padded queries (dropped at the end) see every frame
+    frame_q = jnp.pad(frame, (0, pad), constant_values=num_frames - 1).reshape(blocks, block)
+    frame_k = jnp.pad(frame, (0, pad), constant_values=num_frames).reshape(blocks, block)
+
+    def blocked(x):  # (B, N, C) -> (blocks, B, block, C) in float32
+        return jnp.pad(x.astype(jnp.float32), ((0, 0), (0, pad), (0, 0))).reshape(b, blocks, block, c).swapaxes(0, 1)
+
+    scale = 1.0 / math.sqrt(c)
+
+    def query_block(args):
+        qi, fq = args
+
+        def key_block(carry, kv):
+            m, total, acc = carry
+            kj, vj, fk = kv
+            s = jnp.einsum("bqc,bkc->bqk", qi, kj) * scale
+            s = jnp.where(fk[None, None, :] <= fq[None, :, None], s, -jnp.inf)
+            m_new = jnp.maximum(m, s.max(axis=-1))
+            p = jnp.exp(s - m_new[..., None])
+            correction = jnp.exp(m - m_new)
+            acc = acc * correction[..., None] + jnp.einsum("bqk,bkc->bqc", p, vj)
+            return (m_new, total * correction + p.sum(axis=-1), acc), None
+
+        start = (jnp.full((b, block), -jnp.inf), jnp.zeros((b, block)), jnp.zeros((b, block, c)))
+        (_, total, acc), _ = jax.lax.scan(key_block, start, (blocked(k), blocked(v), frame_k))
+        return acc / total[..., None]
+
+    out = jax.lax.map(query_block, (blocked(q), frame_q))  # (blocks, B, block, C)
+    return out.swapaxes(0, 1).reshape(b, blocks * block, c)[:, :n].astype(q.dtype)
+
+
+class Attention(nnx.Module):
+    """diffusers' Attention as the mid blocks configure it: GroupNorm first, one head as wide as the channels, q/k/v
+    and an output projection with biases, the input added back."""
+
+    def __init__(self, channels, groups, *, rngs, param_dtype):
+        kw = dict(kernel_init=nnx.initializers.zeros, rngs=rngs, param_dtype=param_dtype)
+        self.group_norm = GroupNorm(groups, channels, 1e-6, param_dtype=param_dtype)
+        self.to_q = nnx.Linear(channels, channels, **kw)
+        self.to_k = nnx.Linear(channels, channels, **kw)
+        self.to_v = nnx.Linear(channels, channels, **kw)
+        self.to_out = nnx.List([nnx.Linear(channels, channels, **kw)])
+
+    def __call__(self, x):
+        b, t, h, w, c = x.shape
+        tokens = self.group_norm(x).reshape(b, t * h * w, c)
+        out = frame_causal_attention(self.to_q(tokens), self.to_k(tokens), self.to_v(tokens), t)
+        return self.to_out[0](out).reshape(b, t, h, w, c) + x
+
+
+class HunyuanVideoMidBlock3D(nnx.Module):
+    def __init__(self, channels, groups, add_attention, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.resnets = nnx.List([HunyuanVideoResnetBlockCausal3D(channels, channels, groups, **kw) for _ in range(2)])
+        self.attentions = nnx.List([Attention(channels, groups, **kw) if add_attention else None])
+
+    def __call__(self, x):
+        x = self.resnets[0](x)
+        for attention, resnet in zip(self.attentions, self.resnets[1:]):
+            if attention is not None:
+                x = attention(x)
+            x = resnet(x)
+        return x
+
+
+class HunyuanVideoDownBlock3D(nnx.Module):
+    def __init__(self, in_channels, out_channels, num_layers, groups, strides, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.resnets = nnx.List(
+            [
+                HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups, **kw)
+                for i in range(num_layers)
+            ]
+        )
+        self.downsamplers = nnx.List([HunyuanVideoDownsampleCausal3D(out_channels, strides, **kw)]) if strides else None
+
+    def __call__(self, x):
+        for resnet in self.resnets:
+            x = resnet(x)
+        for downsampler in self.downsamplers or ():
+            x = downsampler(x)
+        return x
+
+
+class HunyuanVideoUpBlock3D(nnx.Module):
+    def __init__(self, in_channels, out_channels, num_layers, groups, factors, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.resnets = nnx.List(
+            [
+                HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups, **kw)
+                for i in range(num_layers)
+            ]
+        )
+        self.upsamplers = (
+            nnx.List([HunyuanVideoUpsampleCausal3D(out_channels, out_channels, factors, **kw)]) if factors else None
+        )
+
+    def __call__(self, x):
+        for resnet in self.resnets:
+            x = resnet(x)
+        for upsampler in self.upsamplers or ():
+            x = upsampler(x)
+        return x
+
+
+class HunyuanVideoEncoder3D(nnx.Module):
+    def __init__(self, config: HunyuanVideoVAEConfig, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        channels, groups = config.block_out_channels, config.norm_num_groups
+        self.conv_in = HunyuanVideoCausalConv3d(config.in_channels, channels[0], 3, **kw)
+        self.down_blocks = nnx.List(
+            [
+                HunyuanVideoDownBlock3D(channels[max(i - 1, 0)], channels[i], config.layers_per_block, groups, s, **kw)
+                for i, s in enumerate(config.down_strides())
+            ]
+        )
+        self.mid_block = HunyuanVideoMidBlock3D(channels[-1], groups, config.mid_block_add_attention, **kw)
+        self.conv_norm_out = GroupNorm(groups, channels[-1], 1e-6, param_dtype=param_dtype)
+        self.conv_out = HunyuanVideoCausalConv3d(channels[-1], 2 * config.latent_channels, 3, **kw)
+
+    def __call__(self, x, cache=None):
+        """A whole clip (no cache: the attention sees every frame)."""
+        x = self.conv_in(x)
+        for block in self.down_blocks:
+            x = block(x)
+        x = self.mid_block(x)
+        return self.conv_out(jax.nn.silu(self.conv_norm_out(x))), None
+
+
+class HunyuanVideoDecoder3D(nnx.Module):
+    def __init__(self, config: HunyuanVideoVAEConfig, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        groups = config.norm_num_groups
+        channels = list(reversed(config.block_out_channels))
+        self.conv_in = HunyuanVideoCausalConv3d(config.latent_channels, channels[0], 3, **kw)
+        self.mid_block = HunyuanVideoMidBlock3D(channels[0], groups, config.mid_block_add_attention, **kw)
+        self.up_blocks = nnx.List(
+            [
+                HunyuanVideoUpBlock3D(
+                    channels[max(i - 1, 0)], channels[i], config.layers_per_block + 1, groups, f, **kw
+                )
+                for i, f in enumerate(config.up_factors())
+            ]
+        )
+        self.conv_norm_out = GroupNorm(groups, channels[-1], 1e-6, param_dtype=param_dtype)
+        self.conv_out = HunyuanVideoCausalConv3d(channels[-1], config.out_channels, 3, **kw)
+
+    def __call__(self, x, cache=None):
+        """A whole clip (no cache: the attention sees every frame)."""
+        x = self.mid_block(self.conv_in(x))
+        for block in self.up_blocks:
+            x = block(x)
+        return self.conv_out(jax.nn.silu(self.conv_norm_out(x))), None
+
+
+class AutoencoderKLHunyuanVideo(TilingMixin, nnx.Module):
+    tiling_class = HunyuanVideoTiling
+
+    def __init__(self, config: HunyuanVideoVAEConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        latent = config.latent_channels
+        self.config = config
+        self.encoder = HunyuanVideoEncoder3D(config, **kw)
+        self.decoder = HunyuanVideoDecoder3D(config, **kw)
+        conv = dict(kernel_init=nnx.initializers.zeros, conv_general_dilated=_conv, **kw)
+        self.quant_conv = nnx.Conv(2 * latent, 2 * latent, (1, 1, 1), **conv)
+        self.post_quant_conv = nnx.Conv(latent, latent, (1, 1, 1), **conv)
+        # diffusers' defaults: clips longer than one temporal tile go in overlapping temporal tiles
+        self.use_framewise_encoding = True
+        self.use_framewise_decoding = True
+
+    def _run(self, part: str, x, out_frames: int, framewise: bool, mesh):
+        def run(clip):
+            return run_chunks(self, part, clip, [(0, clip.shape[1])], mesh)
+
+        tiles = (self.tiling or self.tiling_class()).frame_tiles(self.config, part)
+        if framewise and x.shape[1] >= tiles[0]:
+            return run_framewise(
+                run,
+                x,
+                tiles,
+                out_frames,
+                t_axis=1,
+                concat=jnp.concatenate,
+                as_array=lambda values, like: jnp.asarray(values, like.dtype),
+            )
+        return run(x)
+
+    def encode(self, x, mesh=None):
+        """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)//4, H/8, W/8, latent_channels)."""
+        expect_video(x, self.config.in_channels, channels_last=True, what="encode")
+        frames = (x.shape[1] - 1) // self.config.temporal_compression_ratio + 1
+        moments = self._run("encoder", x, frames, self.use_framewise_encoding, mesh)
+        mean, logvar = jnp.split(moments, 2, axis=-1)
+        return mean, jnp.clip(logvar, -30.0, 20.0)
+
+    def decode(self, z, mesh=None):
+        """(B, T, H, W, latent_channels) latents -> (B, 1 + 4*(T-1), 8H, 8W, C) video (unclamped, as diffusers)."""
+        expect_video(z, self.config.latent_channels, channels_last=True, what="decode")
+        frames = (z.shape[1] - 1) * self.config.temporal_compression_ratio + 1
+        return self._run("decoder", z, frames, self.use_framewise_decoding, mesh)

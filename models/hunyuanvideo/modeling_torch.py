@@ -1,0 +1,256 @@
+"""HunyuanVideo video VAE (diffusers' `AutoencoderKLHunyuanVideo`) in PyTorch, channels-first, written to run under
+torchax.
+
+Parameter names and shapes are diffusers' own, so `AutoencoderKLHunyuanVideo.from_pretrained` reads what this model
+saves, and `encode(x).latent_dist` / `decode(z).sample` behave the same, framewise tiling on by default included.
+Differences from diffusers: GroupNorm statistics are taken in float32 whatever the input dtype; the encoder and the
+decoder take and return a (always empty) cache, as the chunk runner's step expects, so torchax can jit them; the
+attention mask is built from frame indices.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..common.inputs import expect_video
+from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
+from ..common.steps_torch import ChunkedAutoencoder
+from ..common.tiling import run_framewise
+from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
+
+
+class GroupNorm(nn.GroupNorm):
+    """nn.GroupNorm (same parameters), computed in float32 whatever the input dtype."""
+
+    def forward(self, x):
+        return F.group_norm(x.float(), self.num_groups, self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
+
+
+class HunyuanVideoCausalConv3d(nn.Module):
+    """Conv3d after replicate padding: k-1 copies of the first frame in front, k//2 edge rows and columns around."""
+
+    def __init__(self, in_channels, out_channels, kernel_size=3, stride=1):
+        super().__init__()
+        k = kernel_size
+        self.padding = (k // 2, k // 2, k // 2, k // 2, k - 1, 0)
+        self.conv = nn.Conv3d(in_channels, out_channels, k, stride)
+
+    def forward(self, x):
+        return self.conv(F.pad(x, self.padding, mode="replicate") if any(self.padding) else x)
+
+
+class HunyuanVideoUpsampleCausal3D(nn.Module):
+    """Nearest upsampling by (time, space) factors, the first frame in space only, then a causal conv."""
+
+    def __init__(self, in_channels, out_channels, factors):
+        super().__init__()
+        self.factors = factors
+        self.conv = HunyuanVideoCausalConv3d(in_channels, out_channels, 3)
+
+    def forward(self, x):
+        time, space = self.factors
+        x = x.repeat_interleave(space, dim=3).repeat_interleave(space, dim=4)
+        if x.shape[2] > 1:
+            x = torch.cat([x[:, :, :1], x[:, :, 1:].repeat_interleave(time, dim=2)], dim=2)
+        return self.conv(x)
+
+
+class HunyuanVideoDownsampleCausal3D(nn.Module):
+    def __init__(self, channels, strides):
+        super().__init__()
+        time, space = strides
+        self.conv = HunyuanVideoCausalConv3d(channels, channels, 3, (time, space, space))
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+class HunyuanVideoResnetBlockCausal3D(nn.Module):
+    def __init__(self, in_channels, out_channels, groups):
+        super().__init__()
+        self.norm1 = GroupNorm(groups, in_channels, eps=1e-6)
+        self.conv1 = HunyuanVideoCausalConv3d(in_channels, out_channels, 3)
+        self.norm2 = GroupNorm(groups, out_channels, eps=1e-6)
+        self.conv2 = HunyuanVideoCausalConv3d(out_channels, out_channels, 3)
+        self.conv_shortcut = (
+            HunyuanVideoCausalConv3d(in_channels, out_channels, 1) if in_channels != out_channels else None
+        )
+
+    def forward(self, x):
+        h = self.conv1(F.silu(self.norm1(x)))
+        h = self.conv2(F.silu(self.norm2(h)))
+        return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
+
+
+class Attention(nn.Module):
+    """diffusers' Attention as the mid blocks configure it: GroupNorm first, one head as wide as the channels, a
+    token seeing the tokens of its own and earlier frames, the input added back."""
+
+    def __init__(self, channels, groups):
+        super().__init__()
+        self.group_norm = GroupNorm(groups, channels, eps=1e-6)
+        self.to_q = nn.Linear(channels, channels)
+        self.to_k = nn.Linear(channels, channels)
+        self.to_v = nn.Linear(channels, channels)
+        self.to_out = nn.ModuleList([nn.Linear(channels, channels)])
+
+    def forward(self, x):
+        b, c, t, h, w = x.shape
+        tokens = self.group_norm(x).permute(0, 2, 3, 4, 1).reshape(b, t * h * w, c)
+        frame = torch.arange(t, device=x.device).repeat_interleave(h * w)
+        sees = frame[None, :] <= frame[:, None]  # (query, key)
+        q, k, v = (proj(tokens).unsqueeze(1) for proj in (self.to_q, self.to_k, self.to_v))
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=sees).to(x.dtype)
+        out = self.to_out[0](out.squeeze(1))
+        return out.reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3) + x
+
+
+class HunyuanVideoMidBlock3D(nn.Module):
+    def __init__(self, channels, groups, add_attention):
+        super().__init__()
+        self.resnets = nn.ModuleList([HunyuanVideoResnetBlockCausal3D(channels, channels, groups) for _ in range(2)])
+        self.attentions = nn.ModuleList([Attention(channels, groups)]) if add_attention else [None]
+
+    def forward(self, x):
+        x = self.resnets[0](x)
+        for attention, resnet in zip(self.attentions, self.resnets[1:]):
+            if attention is not None:
+                x = attention(x)
+            x = resnet(x)
+        return x
+
+
+class HunyuanVideoDownBlock3D(nn.Module):
+    def __init__(self, in_channels, out_channels, num_layers, groups, strides):
+        super().__init__()
+        self.resnets = nn.ModuleList(
+            [
+                HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups)
+                for i in range(num_layers)
+            ]
+        )
+        self.downsamplers = nn.ModuleList([HunyuanVideoDownsampleCausal3D(out_channels, strides)]) if strides else None
+
+    def forward(self, x):
+        for resnet in self.resnets:
+            x = resnet(x)
+        for downsampler in self.downsamplers or ():
+            x = downsampler(x)
+        return x
+
+
+class HunyuanVideoUpBlock3D(nn.Module):
+    def __init__(self, in_channels, out_channels, num_layers, groups, factors):
+        super().__init__()
+        self.resnets = nn.ModuleList(
+            [
+                HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups)
+                for i in range(num_layers)
+            ]
+        )
+        self.upsamplers = (
+            nn.ModuleList([HunyuanVideoUpsampleCausal3D(out_channels, out_channels, factors)]) if factors else None
+        )
+
+    def forward(self, x):
+        for resnet in self.resnets:
+            x = resnet(x)
+        for upsampler in self.upsamplers or ():
+            x = upsampler(x)
+        return x
+
+
+class HunyuanVideoEncoder3D(nn.Module):
+    def __init__(self, config: HunyuanVideoVAEConfig):
+        super().__init__()
+        channels, groups = config.block_out_channels, config.norm_num_groups
+        self.conv_in = HunyuanVideoCausalConv3d(config.in_channels, channels[0], 3)
+        self.down_blocks = nn.ModuleList(
+            [
+                HunyuanVideoDownBlock3D(channels[max(i - 1, 0)], channels[i], config.layers_per_block, groups, s)
+                for i, s in enumerate(config.down_strides())
+            ]
+        )
+        self.mid_block = HunyuanVideoMidBlock3D(channels[-1], groups, config.mid_block_add_attention)
+        self.conv_norm_out = GroupNorm(groups, channels[-1], eps=1e-6)
+        self.conv_out = HunyuanVideoCausalConv3d(channels[-1], 2 * config.latent_channels, 3)
+
+    def forward(self, x, cache=None):
+        """A whole clip (no cache: the attention sees every frame)."""
+        x = self.conv_in(x)
+        for block in self.down_blocks:
+            x = block(x)
+        x = self.mid_block(x)
+        return self.conv_out(F.silu(self.conv_norm_out(x))), None
+
+
+class HunyuanVideoDecoder3D(nn.Module):
+    def __init__(self, config: HunyuanVideoVAEConfig):
+        super().__init__()
+        groups = config.norm_num_groups
+        channels = list(reversed(config.block_out_channels))
+        self.conv_in = HunyuanVideoCausalConv3d(config.latent_channels, channels[0], 3)
+        self.mid_block = HunyuanVideoMidBlock3D(channels[0], groups, config.mid_block_add_attention)
+        self.up_blocks = nn.ModuleList(
+            [
+                HunyuanVideoUpBlock3D(channels[max(i - 1, 0)], channels[i], config.layers_per_block + 1, groups, f)
+                for i, f in enumerate(config.up_factors())
+            ]
+        )
+        self.conv_norm_out = GroupNorm(groups, channels[-1], eps=1e-6)
+        self.conv_out = HunyuanVideoCausalConv3d(channels[-1], config.out_channels, 3)
+
+    def forward(self, x, cache=None):
+        """A whole clip (no cache: the attention sees every frame)."""
+        x = self.mid_block(self.conv_in(x))
+        for block in self.up_blocks:
+            x = block(x)
+        return self.conv_out(F.silu(self.conv_norm_out(x))), None
+
+
+class AutoencoderKLHunyuanVideo(ChunkedAutoencoder):
+    tiling_class = HunyuanVideoTiling
+
+    def __init__(self, config: HunyuanVideoVAEConfig):
+        super().__init__()
+        latent = config.latent_channels
+        self.config = config
+        self.encoder = HunyuanVideoEncoder3D(config)
+        self.decoder = HunyuanVideoDecoder3D(config)
+        self.quant_conv = nn.Conv3d(2 * latent, 2 * latent, 1)
+        self.post_quant_conv = nn.Conv3d(latent, latent, 1)
+        # diffusers' defaults: clips longer than one temporal tile go in overlapping temporal tiles
+        self.use_framewise_encoding = True
+        self.use_framewise_decoding = True
+
+    def _run(self, part: str, x, out_frames: int, framewise: bool, step):
+        def run(clip):
+            return self.run_chunks(part, clip, [(0, clip.shape[2])], step)
+
+        tiles = (self.tiling or self.tiling_class()).frame_tiles(self.config, part)
+        if framewise and x.shape[2] >= tiles[0]:
+            return run_framewise(
+                run,
+                x,
+                tiles,
+                out_frames,
+                t_axis=2,
+                concat=torch.cat,
+                as_array=lambda values, like: torch.as_tensor(values, dtype=like.dtype, device=like.device),
+            )
+        return run(x)
+
+    def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
+        """(B, C, T, H, W) video; `step` runs one clip or temporal tile (see ChunkedAutoencoder.run_chunks)."""
+        expect_video(x, self.config.in_channels, channels_last=False, what="encode")
+        frames = (x.shape[2] - 1) // self.config.temporal_compression_ratio + 1
+        moments = self._run("encoder", x, frames, self.use_framewise_encoding, step)
+        return EncoderOutput(DiagonalGaussianDistribution(moments))
+
+    def decode(self, z: torch.Tensor, step=None) -> DecoderOutput:
+        """(B, latent_channels, T, H, W) latents; not clamped, as in diffusers."""
+        expect_video(z, self.config.latent_channels, channels_last=False, what="decode")
+        frames = (z.shape[2] - 1) * self.config.temporal_compression_ratio + 1
+        return DecoderOutput(self._run("decoder", z, frames, self.use_framewise_decoding, step))

@@ -1,0 +1,44 @@
+"""HunyuanVideo's test data (models/common/testing.py says who reads it)."""
+
+from __future__ import annotations
+
+from ..common.testing import FamilyTesting, TilingCase
+
+# 3 levels, 1 layer per block, space compressed 4x, no mid-block attention
+OTHER_CONFIG = dict(
+    block_out_channels=[8, 16, 16],
+    down_block_types=["HunyuanVideoDownBlock3D"] * 3,
+    up_block_types=["HunyuanVideoUpBlock3D"] * 3,
+    layers_per_block=1,
+    latent_channels=4,
+    norm_num_groups=4,
+    spatial_compression_ratio=4,
+    mid_block_add_attention=False,
+)
+
+TESTING = FamilyTesting(
+    small_configs={
+        "default-arch": dict(block_out_channels=[8, 16, 16, 16], norm_num_groups=4, latent_channels=4),
+        "other-config": OTHER_CONFIG,
+    },
+    # latent frames 1-4 decode in one piece; 5, 6 and 9 in diffusers' overlapping temporal tiles (framewise, on by
+    # default); video frames up to 16 encode in one piece, 17 and 29 in temporal tiles
+    parity_frames=((1, 2, 4, 5, 6, 9), (1, 5, 9, 17, 29)),
+    tiling={
+        # 4-latent tiles every 3 (32 pixels every 24): rows and columns of 4, 4, 1
+        "default-arch": TilingCase(
+            dict(
+                tile_sample_min_height=32,
+                tile_sample_min_width=32,
+                tile_sample_stride_height=24,
+                tile_sample_stride_width=24,
+            ),
+            latent=(2, 7, 7),
+            video=(5, 56, 56),
+            decode_steps=1,
+        ),
+    },
+    meshes={"default-arch": ((1, 8, "auto"), (2, 4, "explicit"))},
+    export=("default-arch",),
+    check_configs=(("hunyuanvideo-variant", OTHER_CONFIG),),
+)
