@@ -1,0 +1,108 @@
+"""HunyuanVideo's VAE beyond the generic tests (which take its small configs, frame counts on both sides of the
+framewise threshold, tiling and mesh cases from models/hunyuanvideo/testing.py): the framewise paths switched off
+as in diffusers, spatial tiling inside temporal tiles, diffusers reading the torchax output, and the mid-block
+attention in blocks: equal to the dense masked attention, and never holding the whole score matrix."""
+
+from __future__ import annotations
+
+import diffusers
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from converter.models.hunyuanvideo.modeling_flax import frame_causal_attention
+from converter.registry import FAMILIES
+from tests.helpers import converted_by_cli, run_cli, runner, small
+
+ATOL = 1e-4
+HUNYUAN = FAMILIES["hunyuanvideo"]
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    name, config = small(HUNYUAN, "default-arch")
+    return converted_by_cli(name, config, tmp_path_factory.mktemp("hunyuan"))
+
+
+def _both(reference, models, run_ours, run_theirs):
+    with torch.no_grad():
+        expected = run_theirs(reference)
+    for target, model in models.items():
+        got = run_ours(runner(target, model))
+        assert got.shape == expected.shape, target
+        assert np.abs(got - expected).max() <= ATOL, (target, np.abs(got - expected).max())
+    return expected
+
+
+def test_framewise_off_decodes_and_encodes_the_whole_clip_as_diffusers(converted):
+    reference, models = converted
+    z = torch.randn(1, 4, 6, 4, 5, generator=torch.Generator().manual_seed(0))  # above the framewise threshold
+    x = torch.rand(1, 3, 21, 16, 24, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    with torch.no_grad():
+        framewise = reference.decode(z).sample.numpy()
+    reference.use_framewise_decoding = reference.use_framewise_encoding = False
+    for model in models.values():
+        model.use_framewise_decoding = model.use_framewise_encoding = False
+    try:
+        whole = _both(reference, models, lambda r: r.decode(z.numpy()), lambda v: v.decode(z).sample.numpy())
+        _both(reference, models, lambda r: r.encode(x.numpy())[0], lambda v: v.encode(x).latent_dist.mean.numpy())
+    finally:
+        reference.use_framewise_decoding = reference.use_framewise_encoding = True
+        for model in models.values():
+            model.use_framewise_decoding = model.use_framewise_encoding = True
+    assert np.abs(whole - framewise).max() > 100 * ATOL  # the two paths differ: each test proves its own
+
+
+def test_spatial_tiles_inside_temporal_tiles(converted):
+    reference, models = converted
+    tiling = dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
+                  tile_sample_stride_width=24)  # fmt: skip
+    z = torch.randn(1, 4, 6, 7, 6, generator=torch.Generator().manual_seed(2))
+    reference.enable_tiling(**tiling)
+    for model in models.values():
+        model.enable_tiling(**tiling)
+    try:
+        _both(reference, models, lambda r: r.decode(z.numpy()), lambda v: v.decode(z).sample.numpy())
+    finally:
+        reference.disable_tiling()
+        for model in models.values():
+            model.disable_tiling()
+
+
+def test_diffusers_reads_the_torchax_output(converted, tmp_path):
+    reference, _ = converted
+    reference.save_pretrained(tmp_path / "vae")
+    name, _ = small(HUNYUAN, "default-arch")
+    run_cli(name, "--source", tmp_path / "vae", "--to", "torchax", "--out", tmp_path / "tx", "--no-validate")
+    read = diffusers.AutoencoderKLHunyuanVideo.from_pretrained(tmp_path / "tx").eval()
+    assert read.state_dict().keys() == reference.state_dict().keys()
+    for key, tensor in reference.state_dict().items():
+        assert torch.equal(read.state_dict()[key], tensor), key
+
+
+def _dense(q, k, v, frames):
+    n = q.shape[1]
+    frame = np.repeat(np.arange(frames), n // frames)
+    scores = np.einsum("bqc,bkc->bqk", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(frame[None, None, :] <= frame[None, :, None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bqk,bkc->bqc", weights / weights.sum(-1, keepdims=True), v)
+
+
+@pytest.mark.parametrize(("frames", "tokens", "block"), [(3, 20, 16), (4, 9, 8), (1, 5, 64)])
+def test_blocked_attention_equals_the_dense_masked_one(frames, tokens, block):
+    rng = np.random.default_rng(frames)
+    q, k, v = (rng.standard_normal((2, frames * tokens, 8)).astype(np.float32) for _ in range(3))
+    got = np.asarray(frame_causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), frames, block))
+    assert np.abs(got - _dense(q, k, v, frames)).max() < 1e-5
+
+
+def test_attention_never_holds_the_whole_score_matrix():
+    """XLA's memory analysis of the compiled attention over 5 frames of 32x32 tokens (5120 tokens, 512 channels):
+    temporaries well under the 105 MB of one float32 score matrix."""
+    n, c = 5 * 32 * 32, 512
+    spec = jax.ShapeDtypeStruct((1, n, c), jnp.float32)
+    compiled = jax.jit(lambda q, k, v: frame_causal_attention(q, k, v, 5)).lower(spec, spec, spec).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < n * n * 4 / 4
