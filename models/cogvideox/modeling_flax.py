@@ -17,24 +17,11 @@ from flax import nnx
 
 from ..common.cache import run_cached
 from ..common.conv import cpu_conv
-from ..common.group_norm import group_norm
 from ..common.inputs import expect_video
+from ..common.layers_flax import GroupNorm
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
 from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
-
-
-class GroupNorm(nnx.Module):
-    """PyTorch's GroupNorm on channels-last input: groups are contiguous channel ranges; statistics over
-    (T, H, W, C/G) in float32."""
-
-    def __init__(self, num_groups, num_channels, eps, *, param_dtype):
-        self.num_groups, self.eps = num_groups, eps
-        self.scale = nnx.Param(jnp.ones((num_channels,), param_dtype))
-        self.bias = nnx.Param(jnp.zeros((num_channels,), param_dtype))
-
-    def __call__(self, x):
-        return group_norm(x, self.num_groups, self.eps, self.scale[...], self.bias[...])[0]
 
 
 class CogVideoXCausalConv3d(nnx.Module):

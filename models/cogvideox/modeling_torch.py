@@ -16,17 +16,10 @@ from torch import nn
 
 from ..common.cache import run_cached
 from ..common.inputs import expect_video
+from ..common.layers_torch import GroupNorm
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
-
-
-class GroupNorm(nn.GroupNorm):
-    """nn.GroupNorm (same parameters), computed in float32 whatever the input dtype. Under torchax, the runtime
-    lowers it as one JAX function (converter/torchax_runtime.py)."""
-
-    def forward(self, x):
-        return F.group_norm(x.float(), self.num_groups, self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
 
 
 class CogVideoXCausalConv3d(nn.Module):

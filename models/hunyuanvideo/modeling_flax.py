@@ -19,8 +19,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..common.conv import cpu_conv
-from ..common.group_norm import group_norm
 from ..common.inputs import expect_video
+from ..common.layers_flax import GroupNorm
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin, run_framewise
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
@@ -34,18 +34,6 @@ def _conv(lhs, rhs, window_strides, padding, **kwargs):
     if not jax.sharding.get_abstract_mesh().empty:
         return jax.lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
     return cpu_conv(lhs, rhs, window_strides, padding, **kwargs)
-
-
-class GroupNorm(nnx.Module):
-    """PyTorch's GroupNorm on channels-last input (statistics over (T, H, W, C/G) in float32)."""
-
-    def __init__(self, num_groups, num_channels, eps, *, param_dtype):
-        self.num_groups, self.eps = num_groups, eps
-        self.scale = nnx.Param(jnp.ones((num_channels,), param_dtype))
-        self.bias = nnx.Param(jnp.zeros((num_channels,), param_dtype))
-
-    def __call__(self, x):
-        return group_norm(x, self.num_groups, self.eps, self.scale[...], self.bias[...])[0]
 
 
 class HunyuanVideoCausalConv3d(nnx.Module):
@@ -189,15 +177,20 @@ class HunyuanVideoMidBlock3D(nnx.Module):
         return x
 
 
+def _resnets(in_channels, out_channels, num_layers, groups, **kw):
+    """A block's resnets: the first changes the width, the others keep it."""
+    return nnx.List(
+        [
+            HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups, **kw)
+            for i in range(num_layers)
+        ]
+    )
+
+
 class HunyuanVideoDownBlock3D(nnx.Module):
     def __init__(self, in_channels, out_channels, num_layers, groups, strides, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = nnx.List(
-            [
-                HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups, **kw)
-                for i in range(num_layers)
-            ]
-        )
+        self.resnets = _resnets(in_channels, out_channels, num_layers, groups, **kw)
         self.downsamplers = nnx.List([HunyuanVideoDownsampleCausal3D(out_channels, strides, **kw)]) if strides else None
 
     def __call__(self, x):
@@ -211,12 +204,7 @@ class HunyuanVideoDownBlock3D(nnx.Module):
 class HunyuanVideoUpBlock3D(nnx.Module):
     def __init__(self, in_channels, out_channels, num_layers, groups, factors, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = nnx.List(
-            [
-                HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups, **kw)
-                for i in range(num_layers)
-            ]
-        )
+        self.resnets = _resnets(in_channels, out_channels, num_layers, groups, **kw)
         self.upsamplers = (
             nnx.List([HunyuanVideoUpsampleCausal3D(out_channels, out_channels, factors, **kw)]) if factors else None
         )

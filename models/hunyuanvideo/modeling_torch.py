@@ -15,17 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_video
+from ..common.layers_torch import GroupNorm
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from ..common.tiling import run_framewise
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
-
-
-class GroupNorm(nn.GroupNorm):
-    """nn.GroupNorm (same parameters), computed in float32 whatever the input dtype."""
-
-    def forward(self, x):
-        return F.group_norm(x.float(), self.num_groups, self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
 
 
 class HunyuanVideoCausalConv3d(nn.Module):
@@ -122,15 +116,20 @@ class HunyuanVideoMidBlock3D(nn.Module):
         return x
 
 
+def _resnets(in_channels, out_channels, num_layers, groups):
+    """A block's resnets: the first changes the width, the others keep it."""
+    return nn.ModuleList(
+        [
+            HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups)
+            for i in range(num_layers)
+        ]
+    )
+
+
 class HunyuanVideoDownBlock3D(nn.Module):
     def __init__(self, in_channels, out_channels, num_layers, groups, strides):
         super().__init__()
-        self.resnets = nn.ModuleList(
-            [
-                HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups)
-                for i in range(num_layers)
-            ]
-        )
+        self.resnets = _resnets(in_channels, out_channels, num_layers, groups)
         self.downsamplers = nn.ModuleList([HunyuanVideoDownsampleCausal3D(out_channels, strides)]) if strides else None
 
     def forward(self, x):
@@ -144,12 +143,7 @@ class HunyuanVideoDownBlock3D(nn.Module):
 class HunyuanVideoUpBlock3D(nn.Module):
     def __init__(self, in_channels, out_channels, num_layers, groups, factors):
         super().__init__()
-        self.resnets = nn.ModuleList(
-            [
-                HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups)
-                for i in range(num_layers)
-            ]
-        )
+        self.resnets = _resnets(in_channels, out_channels, num_layers, groups)
         self.upsamplers = (
             nn.ModuleList([HunyuanVideoUpsampleCausal3D(out_channels, out_channels, factors)]) if factors else None
         )
