@@ -295,11 +295,12 @@ class CompileOnlyStep:
 
 
 def _cache_frames(out_info) -> tuple[int, int]:
-    """(frames held by the largest cache entry, bytes of the whole cache) of a step's outputs (B, T, H, W, C)."""
+    """(frames held by the largest cache entry, bytes of the whole cache) of a step's outputs (B, T, H, W, C); (0, 0)
+    for a model that keeps none (HunyuanVideo runs a clip whole)."""
     import jax
 
     leaves = jax.tree.leaves(out_info[1])
-    return max(leaf.shape[1] for leaf in leaves), sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
+    return max((leaf.shape[1] for leaf in leaves), default=0), sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
 
 
 def task_compile(model: str, layouts: list[str], smoke: bool) -> dict:
@@ -633,11 +634,11 @@ def compile_table(results: dict) -> list[str]:
         for layout, m in r.get("compile", {}).items():
             for part in ("encoder", "decoder"):
                 p = m[part]
+                cache = f"{_size(p['cache_bytes'])}, {p['cache_frames']} frames" if p["cache_frames"] else "none"
                 lines.append(
                     f"| {model} | {layout} | {m['batch']} | {part} | {tuple(p['input'])} | {p['steps']} | "
                     f"{p['compile_seconds']:.1f} s, {p['max_step_compile_seconds']:.1f} s | "
-                    f"{_size(p['argument_bytes'])} | {_size(p['output_bytes'])} | {_size(p['temp_bytes'])} | "
-                    f"{_size(p['cache_bytes'])}, {p['cache_frames']} frames |"
+                    f"{_size(p['argument_bytes'])} | {_size(p['output_bytes'])} | {_size(p['temp_bytes'])} | {cache} |"
                 )
         if {"one device", "mesh (1, 8)"} <= set(r.get("compile", {})):
             one, split = r["compile"]["one device"], r["compile"]["mesh (1, 8)"]
