@@ -1,7 +1,9 @@
-"""Bad input gets one clear line on stderr, its own exit code, and nothing at --out (no temporary leftovers)."""
+"""Bad input gets one clear line on stderr, its own exit code, and nothing at --out (no temporary leftovers). These
+paths need no process of their own (no signal, no Hub, no crash): the CLI runs in the test's process."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 
@@ -11,6 +13,7 @@ from converter.errors import InputError, OutputError
 from tests.helpers import earlier_output, edited_copy, fails, manifest, run_cli
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
+fails = functools.partial(fails, in_process=True)
 
 
 def _variant(wan_small, tmp_path, edit):

@@ -4,6 +4,7 @@ for bugs only, and none of these may reach it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import shutil
@@ -14,6 +15,9 @@ import pytest
 from converter.errors import InputError, MappingError, OutputError
 from converter.mapping import MAPPINGS_DIR
 from tests.helpers import earlier_output, fails, run_cli
+
+# local paths, no signal and no Hub: the CLI runs in the test's process (the Hub's cases start their own)
+fails_in_process = functools.partial(fails, in_process=True)
 
 BAD_VALUES = {
     "base_dim": ["16", -16, 0, 1.5, None, True, [16]],
@@ -40,7 +44,7 @@ def test_config_values_of_the_wrong_type_or_range(wan_small, tmp_path, key):
     for i, value in enumerate(BAD_VALUES[key]):
         folder = _config_variant(source, tmp_path / f"v{i}", key, value)
         for dry_run in ([], ["--dry-run"]) if i == 0 else ([],):  # the dry run plans through the same check
-            fails(
+            fails_in_process(
                 ["wan2.1", "--source", folder, "--to", "flax", "--out", tmp_path / "out", *dry_run],
                 InputError.exit_code,
                 f"{folder / 'config.json'}: {key} is",  # the file named
@@ -91,14 +95,14 @@ def test_option_combinations_never_exit_1(wan_small, tmp_path, seed, monkeypatch
 
 
 def test_typo_in_a_local_path_is_not_taken_for_a_repo(tmp_path):
-    fails(
+    fails_in_process(
         ["wan2.1", "--source", "./wan-smal", "--to", "flax", "--out", tmp_path / "out"],
         InputError.exit_code,
         "no such file or folder",
         out=tmp_path / "out",
     )
     (tmp_path / "proj").mkdir()
-    fails(
+    fails_in_process(
         ["wan2.1", "--source", "proj/vae", "--to", "flax", "--out", tmp_path / "out"],
         InputError.exit_code,
         "no such file or folder",
@@ -109,7 +113,7 @@ def test_typo_in_a_local_path_is_not_taken_for_a_repo(tmp_path):
 
 def test_revision_with_a_local_source_is_refused(wan_small, tmp_path):
     source, _ = wan_small
-    fails(
+    fails_in_process(
         ["wan2.1", "--source", source, "--revision", "v1", "--to", "flax", "--out", tmp_path / "out"],
         InputError.exit_code,
         "--revision applies to Hub sources",
@@ -120,7 +124,7 @@ def test_revision_with_a_local_source_is_refused(wan_small, tmp_path):
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]])
 def test_format_the_target_does_not_have(wan_small, tmp_path, dry_run):
     source, _ = wan_small
-    fails(
+    fails_in_process(
         ["wan2.1", "--source", source, "--to", "torchax", "--format", "orbax", "--out", tmp_path / "out", *dry_run],
         InputError.exit_code,
         "--format orbax is not available for --to torchax",
@@ -130,7 +134,7 @@ def test_format_the_target_does_not_have(wan_small, tmp_path, dry_run):
 
 def test_mapping_of_another_family_is_named(wan_small, tmp_path):
     source, _ = wan_small
-    line = fails(
+    line = fails_in_process(
         [
             "wan2.1",
             "--source",
@@ -150,7 +154,7 @@ def test_mapping_of_another_family_is_named(wan_small, tmp_path):
 
 
 def test_random_checkpoint_to_an_unwritable_place(tmp_path):
-    fails(
+    fails_in_process(
         ["random-checkpoint", "wan2.1", "/proc/vae-convert-test", "--small"],
         OutputError.exit_code,
         "cannot create the output",
