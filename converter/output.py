@@ -90,6 +90,7 @@ MANIFEST_SCHEMA = {
         "ok": must(bool),
         "checks": must([_CHECK]),
         "preview": {"file": must(str), "max_abs": dict},
+        "decode_inputs": {str: list},
     },
 }
 

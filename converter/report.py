@@ -42,10 +42,15 @@ def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> li
         "ok": all(c.ok for c in comparisons),
         "checks": [c.as_dict() for c in comparisons],
     }
+    if outcome.decode_inputs:
+        manifest["validation"]["decode_inputs"] = {k: v.tolist() for k, v in outcome.decode_inputs.items()}
     if req.preview:
         maxima = outcome.picture(work / preview.FILE_NAME)
         manifest["validation"]["preview"] = {"file": preview.FILE_NAME, "max_abs": maxima}
     write_json(work / MANIFEST, manifest)
+    if outcome.decode_inputs:
+        shown = ", ".join(f"{k}={v.tolist()}" for k, v in outcome.decode_inputs.items())
+        req.say(f"  decoded with {shown}")
     req.say("\n".join(c.line() for c in comparisons))
     if req.preview:
         req.say(

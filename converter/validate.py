@@ -114,24 +114,36 @@ class Outcome:
     video: np.ndarray
     means: tuple[np.ndarray, np.ndarray]  # the video's encoding by each
     decoded: tuple[np.ndarray, np.ndarray]  # the validation latent decoded by each
+    decode_inputs: dict  # the extra inputs both decoded with
 
     def picture(self, path) -> dict:
         from converter import preview
 
-        reconstructions = tuple(drive.decode(mean) for drive, mean in zip(self.runners, self.means))
+        reconstructions = tuple(
+            drive.decode(mean, **self.decode_inputs) for drive, mean in zip(self.runners, self.means)
+        )
         return preview.write(path, self.video, reconstructions, self.decoded)
 
 
+def decode_inputs(family, config) -> dict[str, np.ndarray]:
+    """The extra inputs the family's validation decodes with (none for most families)."""
+    if family.validation_decode_inputs is None:
+        return {}
+    return {name: np.asarray(value) for name, value in family.validation_decode_inputs(config).items()}
+
+
 def compare_runners(family, config, runner, reference) -> Outcome:
-    """Decodes and encodes the validation inputs with both (channels-first runners); `reference` is the expected."""
+    """Decodes (with the family's extra decode inputs) and encodes the validation inputs with both (channels-first
+    runners); `reference` is the expected."""
     latent, video = validation_inputs(family, config)
+    inputs = decode_inputs(family, config)
     outputs = {}
     for name, drive in (("got", runner), ("expected", reference)):
         mean, logvar = drive.encode(video)
-        outputs[name] = {"decode": drive.decode(latent), "encode.mean": mean, "encode.logvar": logvar}
+        outputs[name] = {"decode": drive.decode(latent, **inputs), "encode.mean": mean, "encode.logvar": logvar}
     comparisons = [compare(name, outputs["got"][name], outputs["expected"][name]) for name in outputs["expected"]]
     pairs = {name: (outputs["got"][name], outputs["expected"][name]) for name in ("encode.mean", "decode")}
-    return Outcome(comparisons, (runner, reference), video, pairs["encode.mean"], pairs["decode"])
+    return Outcome(comparisons, (runner, reference), video, pairs["encode.mean"], pairs["decode"], inputs)
 
 
 def run(family, config, runner, source_weights, dtype) -> Outcome:

@@ -71,3 +71,56 @@ def test_every_family_implements_the_model_protocol(family):
         assert model.tile_plan("decoder") is not None and model.tile_plan("encoder") is not None
         model.disable_tiling()
     assert family.validation_latent_shape(config)[0] == family.validation_video_shape(config)[0]
+
+
+def _shifted_models():
+    """Wan's models with a decoder that adds a per-batch `shift` to every chunk it returns: a family with an extra
+    decode input, carried by keyword from `decode` through the chunk runners to the decoder (as LTX's timestep)."""
+    from converter.models.common.outputs import DecoderOutput
+    from converter.models.wan import modeling_flax, modeling_torch
+    from converter.models.wan.config import decode_chunks
+
+    class FlaxDecoder(modeling_flax.WanDecoder3d):
+        def __call__(self, x, cache=None, shift=None):
+            x, cache = super().__call__(x, cache)
+            return x + shift[:, None, None, None, None], cache
+
+    class Flax(modeling_flax.AutoencoderKLWan):
+        def decode(self, z, mesh=None, shift=None):
+            return modeling_flax.run_chunks(self, "decoder", z, decode_chunks(z.shape[1]), mesh, {"shift": shift})
+
+    class TorchDecoder(modeling_torch.WanDecoder3d):
+        def forward(self, x, cache=None, shift=None):
+            x, cache = super().forward(x, cache)
+            return x + shift[:, None, None, None, None], cache
+
+    class Torch(modeling_torch.AutoencoderKLWan):
+        def decode(self, z, step=None, shift=None):
+            return DecoderOutput(self.run_chunks("decoder", z, decode_chunks(z.shape[2]), step, {"shift": shift}))
+
+    return (Flax, FlaxDecoder), (Torch, TorchDecoder)
+
+
+def test_validation_decodes_with_the_family_s_extra_inputs_on_every_runner(wan_small_outputs):
+    import numpy as np
+
+    import converter
+    from converter import validate
+    from converter.runners import FlaxRunner, TorchaxRunner, TorchRunner
+
+    (flax_cls, flax_decoder), (torch_cls, torch_decoder) = _shifted_models()
+    flax_model, torch_model = converter.load(wan_small_outputs["flax"]), converter.load(wan_small_outputs["torchax"])
+    wan, config = registry.FAMILIES["wan"], flax_model.config
+    plain = validate.compare_runners(wan, config, FlaxRunner(flax_model), TorchRunner(torch_model))
+    flax_model.__class__, flax_model.decoder.__class__ = flax_cls, flax_decoder
+    torch_model.__class__, torch_model.decoder.__class__ = torch_cls, torch_decoder
+    shift = np.array([0.25], np.float32)
+    family = dataclasses.replace(wan, validation_decode_inputs=lambda config: {"shift": shift})
+    for runner in (FlaxRunner(flax_model), TorchaxRunner(torch_model)):
+        outcome = validate.compare_runners(family, config, runner, TorchRunner(torch_model))
+        assert all(c.ok for c in outcome.comparisons), [c.line() for c in outcome.comparisons]
+        assert outcome.decode_inputs == {"shift": shift}
+        # the reference decoded with the shift (its output moved by it: the test model inside the [-1, 1] clamp of
+        # the plain decode), and the runner's equals it
+        assert abs(np.median(outcome.decoded[1] - plain.decoded[1]) - 0.25) < 1e-4
+        assert np.abs(outcome.decoded[0] - outcome.decoded[1]).max() <= 1e-4

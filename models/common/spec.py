@@ -37,6 +37,10 @@ class FamilySpec:
     # video encodes to the latent's height and width, so decoding its encoding (for validation.png) reuses the steps
     validation_latent_shape: Callable
     validation_video_shape: Callable
+    # (config) -> the extra inputs validation decodes with, {diffusers' keyword: array over the validation batch}:
+    # fixed values, which the report and the manifest name (a timestep for a timestep-conditioned decoder); None
+    # where decode takes latents only
+    validation_decode_inputs: Callable | None = None
     clamps_output: bool = False  # whether decode clamps to [-1, 1], as diffusers' model does
 
     @property
