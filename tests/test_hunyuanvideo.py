@@ -36,6 +36,7 @@ def _both(reference, models, run_ours, run_theirs):
     return expected
 
 
+@pytest.mark.slow
 def test_framewise_off_decodes_and_encodes_the_whole_clip_as_diffusers(converted):
     reference, models = converted
     z = torch.randn(1, 4, 6, 4, 5, generator=torch.Generator().manual_seed(0))  # above the framewise threshold
@@ -55,6 +56,7 @@ def test_framewise_off_decodes_and_encodes_the_whole_clip_as_diffusers(converted
     assert np.abs(whole - framewise).max() > 100 * ATOL  # the two paths differ: each test proves its own
 
 
+@pytest.mark.slow
 def test_spatial_tiles_inside_temporal_tiles(converted):
     reference, models = converted
     tiling = dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,

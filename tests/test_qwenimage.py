@@ -9,6 +9,7 @@ import json
 
 import diffusers
 import numpy as np
+import pytest
 import torch
 
 import converter
@@ -34,6 +35,7 @@ def test_each_class_named_as_the_other_is_refused(tmp_path):
     fails(["qwen-image", "--source", original, *args], InputError.exit_code, "`vae-convert wan2.1`", out=out)
 
 
+@pytest.mark.slow
 def test_outputs_saved_models_and_exports_keep_the_class(tmp_path):
     name, config = small(QWEN, "other-config")  # 4 input channels: Qwen-Image-Layered's
     reference = save_diffusers(QWEN, tmp_path / "vae", config)
