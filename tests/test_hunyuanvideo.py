@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from converter.models.common.testing import SMALL_TILES
 from converter.models.hunyuanvideo.modeling_flax import frame_causal_attention
 from converter.registry import FAMILIES
 from tests.helpers import converted_by_cli, run_cli, runner, small
@@ -59,8 +60,7 @@ def test_framewise_off_decodes_and_encodes_the_whole_clip_as_diffusers(converted
 @pytest.mark.slow
 def test_spatial_tiles_inside_temporal_tiles(converted):
     reference, models = converted
-    tiling = dict(tile_sample_min_height=32, tile_sample_min_width=32, tile_sample_stride_height=24,
-                  tile_sample_stride_width=24)  # fmt: skip
+    tiling = SMALL_TILES
     z = torch.randn(1, 4, 6, 7, 6, generator=torch.Generator().manual_seed(2))
     flax = {"flax": models["flax"]}  # the tiling code is one for both targets (models/common/tiling.py)
     reference.enable_tiling(**tiling)

@@ -7,6 +7,15 @@ from __future__ import annotations
 
 import dataclasses
 
+# `enable_tiling` settings for the small test models: 32-pixel tiles every 24 (at 8x, 4 latents every 3, so a
+# 7-latent side is cut into 4, 4 and 1)
+SMALL_TILES = dict(
+    tile_sample_min_height=32,
+    tile_sample_min_width=32,
+    tile_sample_stride_height=24,
+    tile_sample_stride_width=24,
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class TilingCase:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common.testing import FamilyTesting, TilingCase
+from ..common.testing import SMALL_TILES, FamilyTesting, TilingCase
 
 # 3 levels, 1 layer per block, space compressed 4x, no mid-block attention
 OTHER_CONFIG = dict(
@@ -27,12 +27,7 @@ TESTING = FamilyTesting(
     tiling={
         # 4-latent tiles every 3 (32 pixels every 24): rows and columns of 4, 4, 1
         "default-arch": TilingCase(
-            dict(
-                tile_sample_min_height=32,
-                tile_sample_min_width=32,
-                tile_sample_stride_height=24,
-                tile_sample_stride_width=24,
-            ),
+            SMALL_TILES,
             latent=(2, 7, 7),
             video=(5, 56, 56),
             decode_steps=1,

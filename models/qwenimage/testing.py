@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common.testing import FamilyTesting, TilingCase
+from ..common.testing import SMALL_TILES, FamilyTesting, TilingCase
 
 # Qwen-Image-Layered's 4 channels (RGBA), 3 levels (attention in the encoder's down blocks, `attn_scales`, fails in
 # diffusers' own encoder: its attention block takes no cache arguments)
@@ -26,12 +26,7 @@ TESTING = FamilyTesting(
     parity_frames=((1, 2, 3), (1, 5)),
     tiling={
         "default-arch": TilingCase(
-            dict(
-                tile_sample_min_height=32,
-                tile_sample_min_width=32,
-                tile_sample_stride_height=24,
-                tile_sample_stride_width=24,
-            ),
+            SMALL_TILES,
             latent=(1, 7, 7),
             video=(1, 56, 56),
             decode_steps=1,

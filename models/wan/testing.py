@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common.testing import FamilyTesting, OriginalFileCase, TilingCase
+from ..common.testing import SMALL_TILES, FamilyTesting, OriginalFileCase, TilingCase
 from .config import WAN22_CONFIG
 
 TESTING = FamilyTesting(
@@ -77,12 +77,7 @@ TESTING = FamilyTesting(
     tiling={
         # 4-latent tiles every 3: rows and columns of 4, 4, 1; the output cropped to 8x the input
         "default-arch": TilingCase(
-            dict(
-                tile_sample_min_height=32,
-                tile_sample_min_width=32,
-                tile_sample_stride_height=24,
-                tile_sample_stride_width=24,
-            ),
+            SMALL_TILES,
             latent=(2, 7, 7),
             video=(1, 56, 56),
             decode_steps=2,
