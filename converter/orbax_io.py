@@ -78,7 +78,7 @@ def _zarr_leaf(folder: str, meta: dict) -> np.ndarray:
     if dtype is None or any(d < 0 for d in shape) or any(meta.get(k) != v for k, v in plain.items()):
         raise ValueError(f"{name}: not laid out as vae-convert writes it ({os.path.join(folder, '.zarray')})")
     size = nbytes(shape, dtype)
-    chunk = os.path.join(folder, meta.get("dimension_separator", ".").join(["0"] * len(shape)))
+    chunk = os.path.join(folder, meta.get("dimension_separator", ".").join(["0"] * max(len(shape), 1)))  # "0": 0-d
     try:
         fd = untrusted.os_open_regular(chunk)
         try:  # read, a byte more than the array so that a longer file shows as one, or mapped

@@ -120,6 +120,10 @@ def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) 
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=generator))
+        saved = model.state_dict()
+        for name, b in model.named_buffers():  # the ones the checkpoint carries (LTX's latent statistics)
+            if name in saved and b.is_floating_point():
+                b.add_(0.1 * torch.randn(b.shape, generator=generator))
         if family.clamps_output:
             # keep decoded values inside the [-1, 1] clamp, where a wrong value cannot hide behind saturation
             model.decoder.conv_out.weight.mul_(0.1)
@@ -141,6 +145,15 @@ def converted_by_cli(model: str, config: dict, root: Path, targets=tuple(TARGETS
         run_cli(model, *args)
         models[target] = converter.load(root / target)
     return reference, models
+
+
+def decode_inputs(family: FamilySpec, config: dict) -> tuple[dict, dict]:
+    """The extra inputs the family's validation decodes with (a timestep, for LTX), for our runners (numpy arrays)
+    and for the diffusers model (tensors)."""
+    from converter.validate import decode_inputs as validation_decode_inputs
+
+    ours = validation_decode_inputs(family, family.config_class.from_dict(config))
+    return ours, {name: torch.from_numpy(value) for name, value in ours.items()}
 
 
 def runner(target: str, model):

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 import converter
-from tests.helpers import converted_by_cli, family_cases, run_cli, runner, small
+from tests.helpers import converted_by_cli, decode_inputs, family_cases, run_cli, runner, small
 
 ATOL = 1e-4
-LATENT_SIZE, VIDEO_SIZE = 4, 16
+LATENT_SIZE = 4
 # Every family's small configs, each under the first model name of its variant: the cases come from the registry.
 CASES = family_cases(lambda testing: testing.small_configs)
 
@@ -29,15 +29,16 @@ def converted(request, tmp_path_factory):
 def test_decode_matches_diffusers(converted):
     family, reference, runners = converted
     channels = family.validation_latent_shape(family.config_class.from_dict(dict(reference.config)))[1]
+    inputs, reference_inputs = decode_inputs(family, dict(reference.config))
     for frames in family.testing().parity_frames[0]:
         z = torch.randn(1, channels, frames, LATENT_SIZE, LATENT_SIZE, generator=torch.Generator().manual_seed(frames))
         with torch.no_grad():
-            expected = reference.decode(z).sample.numpy()
+            expected = reference.decode(z, **reference_inputs).sample.numpy()
         if family.clamps_output:
             # the output must not sit in the [-1, 1] clamp, or the comparison would prove nothing
             assert (np.abs(expected) < 0.99).mean() > 0.9
         for target, drive in runners.items():
-            got = drive.decode(z.numpy())
+            got = drive.decode(z.numpy(), **inputs)
             assert got.shape == expected.shape, (target, frames)
             assert np.abs(got - expected).max() <= ATOL, (target, frames, np.abs(got - expected).max())
 
@@ -45,8 +46,9 @@ def test_decode_matches_diffusers(converted):
 def test_encode_matches_diffusers(converted):
     family, reference, runners = converted
     channels = family.validation_video_shape(family.config_class.from_dict(dict(reference.config)))[1]
+    size = family.testing().parity_video_size
     for frames in family.testing().parity_frames[1]:
-        shape = (1, channels, frames, VIDEO_SIZE, VIDEO_SIZE)
+        shape = (1, channels, frames, size, size)
         x = torch.rand(shape, generator=torch.Generator().manual_seed(frames)) * 2 - 1
         with torch.no_grad():
             dist = reference.encode(x).latent_dist

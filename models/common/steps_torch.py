@@ -28,15 +28,16 @@ class ChunkedAutoencoder(TilingMixin, nn.Module):
         self, part: str, x: torch.Tensor, bounds: list[tuple[int, int]], step=None, inputs=None
     ) -> torch.Tensor:
         """x (B, C, T, H, W) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache
-        carried from one to the next, `inputs` (keyword tensors) given to every chunk of every tile.
+        carried from one to the next, `inputs` (keyword tensors) given to every chunk of every tile (or a function of
+        the tile's input that returns them).
         `step(part, chunk, cache, inputs)` runs one chunk: `chunk_step` unless the torchax runtime passes its
         compiled one."""
         step = step or self.chunk_step
 
         def run(x):
-            outs, cache = [], None
+            outs, cache, given = [], None, inputs(x) if callable(inputs) else inputs or {}
             for start, end in bounds:
-                out, cache = step(part, x[:, :, start:end], cache, inputs or {})
+                out, cache = step(part, x[:, :, start:end], cache, given)
                 outs.append(out)
             return torch.cat(outs, dim=2)
 

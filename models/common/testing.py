@@ -56,3 +56,4 @@ class FamilyTesting:
     original_files: dict[str, OriginalFileCase] = dataclasses.field(default_factory=dict)  # by source format
     # configs `check-mappings` proves the rules against, beside the named models' own
     check_configs: tuple[tuple[str, dict], ...] = ()
+    parity_video_size: int = 16  # height and width of the videos the parity tests encode

@@ -33,6 +33,55 @@ class TilePlan:
             raise ValueError(f"tiling: tile {self.tile} and stride {self.stride} must be at least 1 (tiles too small)")
 
 
+@dataclasses.dataclass(frozen=True)
+class SampleTiling:
+    """`enable_tiling` settings as HunyuanVideo's and LTX's diffusers classes take them, in pixels and frames (each
+    family's subclass sets diffusers' defaults): spatial tiles, and the overlapping temporal tiles of framewise
+    encoding and decoding. The config gives `spatial_ratio` and `temporal_ratio`, as diffusers' attributes."""
+
+    tile_sample_min_height: int
+    tile_sample_min_width: int
+    tile_sample_min_num_frames: int
+    tile_sample_stride_height: int
+    tile_sample_stride_width: int
+    tile_sample_stride_num_frames: int
+
+    def plans(self, config) -> dict[str, TilePlan]:
+        """Spatial tiles, as diffusers' tiled_decode / tiled_encode cut, blend and crop them."""
+        ratio = config.spatial_ratio
+        sample_min = (self.tile_sample_min_height, self.tile_sample_min_width)
+        sample_stride = (self.tile_sample_stride_height, self.tile_sample_stride_width)
+        latent_min = tuple(s // ratio for s in sample_min)
+        latent_stride = tuple(s // ratio for s in sample_stride)
+        return {
+            "decoder": TilePlan(
+                latent_min,
+                latent_stride,
+                blend=tuple(m - s for m, s in zip(sample_min, sample_stride)),
+                keep=sample_stride,
+                crop_scale=(ratio, 1),
+            ),
+            "encoder": TilePlan(
+                sample_min,
+                sample_stride,
+                blend=tuple(m - s for m, s in zip(latent_min, latent_stride)),
+                keep=latent_stride,
+                crop_scale=(1, ratio),
+            ),
+        }
+
+    def frame_tiles(self, config, part: str) -> tuple[int, int, int, int]:
+        """diffusers' framewise tiling of `part`: (input frames a tile, input stride, output frames blended, output
+        frames each tile keeps after the first), as its _temporal_tiled_decode / _temporal_tiled_encode compute
+        them."""
+        ratio = config.temporal_ratio
+        sample_min, sample_stride = self.tile_sample_min_num_frames, self.tile_sample_stride_num_frames
+        latent_min, latent_stride = sample_min // ratio, sample_stride // ratio
+        if part == "decoder":
+            return latent_min + 1, latent_stride, sample_min - sample_stride, sample_stride
+        return sample_min + 1, sample_stride, latent_min - latent_stride, latent_stride
+
+
 class TilingMixin:
     """diffusers' `enable_tiling` / `disable_tiling`, same keywords. `tiling_class` is the family's settings dataclass
     (fields named like diffusers' keywords, `plans(config)` -> {"encoder": TilePlan, "decoder": TilePlan})."""
@@ -106,18 +155,28 @@ def run_tiled(run: Callable, x, plan: TilePlan | None, *, h_axis: int, concat: C
 
 
 def run_framewise(
-    run: Callable, x, tiles: tuple[int, int, int, int], out_frames: int, *, t_axis: int, concat, as_array
+    run: Callable,
+    x,
+    tiles: tuple[int, int, int, int],
+    out_frames: int,
+    *,
+    t_axis: int,
+    concat,
+    as_array,
+    drop_last: bool = False,
 ):
-    """diffusers' overlapping temporal tiles (HunyuanVideo's default framewise encode and decode): `run` on windows of
-    `tile` frames every `stride`; each later tile drops its first output frame, ramps its first `blend` frames in
-    from the previous tile (already blended, as diffusers' in-place loop leaves it) and keeps `keep` frames, the
-    first tile `keep + 1`; the result is cropped to `out_frames`. tiles: (tile, stride, blend, keep)."""
+    """diffusers' overlapping temporal tiles (framewise encoding and decoding): `run` on windows of `tile` frames
+    every `stride`; each later tile drops its first output frame (its last with `drop_last`, as LTX's decode does),
+    ramps its first `blend` frames in from the previous tile (already blended, as diffusers' in-place loop leaves it)
+    and keeps `keep` frames, the first tile `keep + 1`; the result is cropped to `out_frames`.
+    tiles: (tile, stride, blend, keep)."""
     tile, stride, blend, keep = tiles
     done = []
     for start in range(0, x.shape[t_axis], stride):
         out = run(_take(x, t_axis, slice(start, start + tile)))
         if done:
-            out = _blend(done[-1], _take(out, t_axis, slice(1, None)), t_axis, blend, concat, as_array)
+            out = _take(out, t_axis, slice(0, -1) if drop_last else slice(1, None))
+            out = _blend(done[-1], out, t_axis, blend, concat, as_array)
         done.append(out)
     kept = [_take(t, t_axis, slice(0, keep + (n == 0))) for n, t in enumerate(done)]
     return _take(concat(kept, t_axis), t_axis, slice(0, out_frames))

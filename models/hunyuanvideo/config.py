@@ -7,7 +7,7 @@ import dataclasses
 import math
 
 from ..common.config import ConfigError, DiffusersConfig
-from ..common.tiling import TilePlan
+from ..common.tiling import SampleTiling
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +75,14 @@ class HunyuanVideoVAEConfig(DiffusersConfig):
         return self.down_strides()  # diffusers applies the same rule to the up blocks in their own order
 
     @property
+    def spatial_ratio(self) -> int:
+        return self.spatial_compression_ratio
+
+    @property
+    def temporal_ratio(self) -> int:
+        return self.temporal_compression_ratio
+
+    @property
     def _log2_space(self) -> int:
         return int(math.log2(self.spatial_compression_ratio))
 
@@ -84,8 +92,8 @@ class HunyuanVideoVAEConfig(DiffusersConfig):
 
 
 @dataclasses.dataclass(frozen=True)
-class HunyuanVideoTiling:
-    """diffusers' `AutoencoderKLHunyuanVideo.enable_tiling` keywords and defaults, in pixels and frames."""
+class HunyuanVideoTiling(SampleTiling):
+    """diffusers' `AutoencoderKLHunyuanVideo.enable_tiling` defaults."""
 
     tile_sample_min_height: int = 256
     tile_sample_min_width: int = 256
@@ -93,38 +101,3 @@ class HunyuanVideoTiling:
     tile_sample_stride_height: int = 192
     tile_sample_stride_width: int = 192
     tile_sample_stride_num_frames: int = 12
-
-    def plans(self, config: HunyuanVideoVAEConfig) -> dict[str, TilePlan]:
-        """Spatial tiles, as diffusers' tiled_decode / tiled_encode cut, blend and crop them."""
-        ratio = config.spatial_compression_ratio
-        sample_min = (self.tile_sample_min_height, self.tile_sample_min_width)
-        sample_stride = (self.tile_sample_stride_height, self.tile_sample_stride_width)
-        latent_min = tuple(s // ratio for s in sample_min)
-        latent_stride = tuple(s // ratio for s in sample_stride)
-        return {
-            "decoder": TilePlan(
-                latent_min,
-                latent_stride,
-                blend=tuple(m - s for m, s in zip(sample_min, sample_stride)),
-                keep=sample_stride,
-                crop_scale=(ratio, 1),
-            ),
-            "encoder": TilePlan(
-                sample_min,
-                sample_stride,
-                blend=tuple(m - s for m, s in zip(latent_min, latent_stride)),
-                keep=latent_stride,
-                crop_scale=(1, ratio),
-            ),
-        }
-
-    def frame_tiles(self, config: HunyuanVideoVAEConfig, part: str) -> tuple[int, int, int, int]:
-        """diffusers' framewise tiling of `part`: (input frames a tile, input stride, output frames blended, output
-        frames each tile keeps after the first), as its _temporal_tiled_decode / _temporal_tiled_encode compute
-        them."""
-        ratio = config.temporal_compression_ratio
-        sample_min, sample_stride = self.tile_sample_min_num_frames, self.tile_sample_stride_num_frames
-        latent_min, latent_stride = sample_min // ratio, sample_stride // ratio
-        if part == "decoder":
-            return latent_min + 1, latent_stride, sample_min - sample_stride, sample_stride
-        return sample_min + 1, sample_stride, latent_min - latent_stride, latent_stride

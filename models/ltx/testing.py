@@ -1,0 +1,72 @@
+"""LTX-Video's test data (models/common/testing.py says who reads it)."""
+
+from __future__ import annotations
+
+from ..common.testing import FamilyTesting, TilingCase
+
+# 0.9.5's layout at small widths: space-to-depth downsamplers of each kind, residual depth-to-space upsamplers that
+# halve the channels, a timestep-conditioned decoder
+LTX_095_SMALL = dict(
+    block_out_channels=[8, 16, 32, 64, 128],
+    down_block_types=["LTXVideo095DownBlock3D"] * 4,
+    layers_per_block=[1, 1, 1, 1, 1],
+    spatio_temporal_scaling=[True, True, True, True],
+    downsample_type=["spatial", "temporal", "spatiotemporal", "spatiotemporal"],
+    decoder_block_out_channels=[16, 32, 64],
+    decoder_layers_per_block=[1, 1, 1, 1],
+    decoder_spatio_temporal_scaling=[True, True, True],
+    decoder_inject_noise=[False, False, False, False],
+    upsample_residual=[True, True, True],
+    upsample_factor=[2, 2, 2],
+    timestep_conditioning=True,
+    latent_channels=8,
+    spatial_compression_ratio=32,
+    temporal_compression_ratio=8,
+)
+# 0.9.1's decoder at small widths: noise after every decoder convolution but the mid block's
+LTX_091_SMALL = dict(
+    block_out_channels=[8, 16, 32, 32],
+    layers_per_block=[1, 1, 1, 1, 1],
+    decoder_block_out_channels=[16, 32, 64],
+    decoder_layers_per_block=[1, 1, 2, 1],
+    decoder_spatio_temporal_scaling=[True, True, True],
+    decoder_inject_noise=[True, True, True, False],
+    upsample_residual=[True, True, True],
+    upsample_factor=[2, 2, 2],
+    timestep_conditioning=True,
+    latent_channels=8,
+)
+
+TESTING = FamilyTesting(
+    small_configs={
+        # 0.9.0's layout: strided-conv downsamplers, width-changing resnets with a LayerNorm shortcut
+        "default-arch": dict(
+            block_out_channels=[8, 16, 32, 32],
+            decoder_block_out_channels=[8, 16, 32, 32],
+            layers_per_block=[1, 1, 2, 1, 1],
+            decoder_layers_per_block=[1, 2, 1, 1, 1],
+            latent_channels=8,
+        ),
+        "ltx-0.9.5": LTX_095_SMALL,
+    },
+    # 1 + 8k video frames: each temporal downsampler halves 2k + 1 frames to k + 1
+    parity_frames=((1, 2, 3), (1, 9, 17)),
+    parity_video_size=64,
+    tiling={
+        # 64-pixel tiles every 32 (2 latents every 1)
+        "default-arch": TilingCase(
+            dict(
+                tile_sample_min_height=64,
+                tile_sample_min_width=64,
+                tile_sample_stride_height=32,
+                tile_sample_stride_width=32,
+            ),
+            latent=(2, 3, 4),
+            video=(9, 96, 128),
+            decode_steps=1,
+        ),
+    },
+    meshes={"default-arch": ((1, 8, "auto"), (2, 4, "explicit"))},
+    export=("default-arch", "ltx-0.9.5"),
+    check_configs=(("ltx-video-0.9.1-small", LTX_091_SMALL),),
+)
