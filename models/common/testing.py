@@ -57,3 +57,6 @@ class FamilyTesting:
     # configs `check-mappings` proves the rules against, beside the named models' own
     check_configs: tuple[tuple[str, dict], ...] = ()
     parity_video_size: int = 16  # height and width of the videos the parity tests encode
+    # distinct steps a decode of the longest parity latent compiles (the first chunk and the steady one; LTX, with no
+    # cache and no frame tiles by default, decodes in one)
+    decode_steps: int = 2

@@ -49,7 +49,8 @@ LTX = FamilySpec(
     testing=_testing,
     mapping_file="ltx.yaml",
     models=(
-        ModelName("ltx-video", "Lightricks/LTX-Video", aliases=("ltx-video-0.9.0",)),
+        ModelName("ltx-video", "Lightricks/LTX-Video"),
+        ModelName("ltx-video-0.9.0", "diffusers/LTX-Video-0.9.0"),
         ModelName("ltx-video-0.9.1", "Lightricks/LTX-Video-0.9.1", config=LTX_091_CONFIG),
         ModelName("ltx-video-0.9.5", "Lightricks/LTX-Video-0.9.5", config=LTX_095_CONFIG),
         ModelName("ltx-video-0.9.7", "Lightricks/LTX-Video-0.9.7-dev", config=LTX_095_CONFIG),

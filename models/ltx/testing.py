@@ -52,6 +52,7 @@ TESTING = FamilyTesting(
     # 1 + 8k video frames: each temporal downsampler halves 2k + 1 frames to k + 1
     parity_frames=((1, 2, 3), (1, 9, 17)),
     parity_video_size=64,
+    decode_steps=1,
     tiling={
         # 64-pixel tiles every 32 (2 latents every 1)
         "default-arch": TilingCase(
