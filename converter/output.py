@@ -84,6 +84,7 @@ MANIFEST_SCHEMA = {
     "mapping": {"file": must(str), "sha256": must(str)},
     "source": must(_SOURCE),
     "config_ignored": [str],
+    "tensors": {str: [float]},
     "environment": {str: str},
     "validation": {
         "rtol": must(float),

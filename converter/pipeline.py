@@ -274,7 +274,10 @@ def _convert(req: Request, source: sources.Source, folder: OutputFolder, provena
             },
         )
         specs = {a.target_key: (plan.leaf_shapes[a.target_key], dtype) for a in plan.assignments}
-        nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest)
+        recorded = {k: None for k in family.recorded_tensors}
+        nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest, recorded)
+        if family.recorded_tensors:
+            manifest["tensors"] = recorded
         manifest["source"] = dict(provenance(), format=plan.source_format.name)
         if plan.dropped:
             manifest["source"]["dropped"] = plan.dropped
@@ -311,7 +314,8 @@ def _validate(req, plan, dtype, work, manifest, out) -> list:
     return record_validation(outcome, manifest, work, out, req)
 
 
-def _write_weights(work, req, assignments, weights, specs, manifest) -> int:
+def _write_weights(work, req, assignments, weights, specs, manifest, recorded: dict) -> int:
+    """Writes the mapped weights, and the values of the source tensors `recorded` names into it."""
     metadata = {"vae_convert": manifest}  # what is known before writing; the full manifest is a file
     try:
         writer = req.target.open_writer(req.fmt, work, specs, metadata)
@@ -321,6 +325,8 @@ def _write_weights(work, req, assignments, weights, specs, manifest) -> int:
             array = mapping.apply_ops(a.rule.ops, source).astype(specs[a.target_key][1], copy=False)
             ensure_storable(a.source_key, source, array, req.allow_nonfinite)
             writer.write(a.target_key, array)
+            if a.source_key in recorded:
+                recorded[a.source_key] = np.asarray(source, np.float64).ravel().tolist()
             nbytes += array.nbytes
             del source, array
             weights.release(a.source_key)

@@ -1,7 +1,7 @@
 """The runners: a model driven with channels-first numpy arrays, as validation, the tests and the benchmark compare
 models. One protocol for the Flax model, the torchax model and the PyTorch reference; decode's extra inputs (a
-family's conditioning, such as a timestep) go by diffusers' keyword names, as numpy arrays, to the model's own
-`decode(latents, **inputs)`."""
+family's conditioning, such as a timestep) go by diffusers' keyword names, as numpy arrays (or sequences of them,
+such as LTX's noise maps), to the model's own `decode(latents, **inputs)`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,14 @@ class Runner(Protocol):
 
     def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(B, C, T, H, W) video -> the latent distribution's (mean, logvar)."""
+
+
+def _converted(inputs: dict, convert) -> dict:
+    """The decode inputs in the framework's arrays; a sequence input element by element."""
+    return {
+        name: [convert(v) for v in value] if isinstance(value, (list, tuple)) else convert(value)
+        for name, value in inputs.items()
+    }
 
 
 class FlaxRunner:
@@ -45,7 +53,7 @@ class TorchaxRunner:
     def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
         from converter.torchax_runtime import to_jax_tensor, to_numpy
 
-        inputs = {name: to_jax_tensor(self.vae, value) for name, value in inputs.items()}
+        inputs = _converted(inputs, lambda value: to_jax_tensor(self.vae, value))
         return to_numpy(self.vae.decode(to_jax_tensor(self.vae, latent), **inputs).sample)
 
     def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -64,7 +72,7 @@ class TorchRunner:
     def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
         import torch
 
-        inputs = {name: torch.from_numpy(np.asarray(value)) for name, value in inputs.items()}
+        inputs = _converted(inputs, lambda value: torch.from_numpy(np.asarray(value)))
         with torch.no_grad():
             return self.model.decode(torch.from_numpy(latent), **inputs).sample.numpy()
 

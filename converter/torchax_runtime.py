@@ -251,12 +251,14 @@ def compile_model(model: nn.Module) -> TorchaxVAE:
 
 
 def to_jax_tensor(vae: TorchaxVAE, array) -> torch.Tensor:
-    """A numpy or JAX array as a torchax tensor in the model's dtype, ready for `vae.encode` / `vae.decode`."""
+    """A numpy or JAX array as a torchax tensor, floating point in the model's dtype (integers, such as a noise seed,
+    as they are), ready for `vae.encode` / `vae.decode`."""
     import jax.numpy as jnp
     from torchax import interop
 
     with vae.torchax_env:
-        return interop.torch_view(jnp.asarray(array)).to(vae.dtype)
+        tensor = interop.torch_view(jnp.asarray(array))
+        return tensor.to(vae.dtype) if tensor.is_floating_point() else tensor
 
 
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:

@@ -42,6 +42,9 @@ class FamilySpec:
     # where decode takes latents only
     validation_decode_inputs: Callable | None = None
     clamps_output: bool = False  # whether decode clamps to [-1, 1], as diffusers' model does
+    # state_dict entries whose values the manifest records (`tensors`): statistics pipelines read, such as LTX's
+    # latents_mean / latents_std buffers
+    recorded_tensors: tuple[str, ...] = ()
 
     @property
     def class_name(self) -> str:

@@ -60,4 +60,5 @@ LTX = FamilySpec(
     validation_latent_shape=lambda c: (1, c.latent_channels, 2, 4, 4),
     validation_video_shape=lambda c: (1, c.in_channels, 1 + c.temporal_ratio, 4 * c.spatial_ratio, 4 * c.spatial_ratio),
     validation_decode_inputs=_decode_inputs,
+    recorded_tensors=("latents_mean", "latents_std"),
 )

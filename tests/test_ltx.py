@@ -1,0 +1,181 @@
+"""LTX-Video's VAE beyond the generic tests (which take its small configs, frame counts, tiling, mesh and export
+cases from models/ltx/testing.py): 0.9.1's noise injection fed diffusers' own draws, the timestep at two values and
+per batch entry, a non-square size, diffusers' framewise temporal tiles (with spatial tiles inside), the latent
+statistics carried by both targets and recorded in the manifest, and diffusers reading the torchax output."""
+
+from __future__ import annotations
+
+import diffusers
+import numpy as np
+import pytest
+import torch
+
+from converter.models.ltx.testing import LTX_091_SMALL
+from converter.registry import FAMILIES
+from tests.helpers import converted_by_cli, manifest, runner, small
+
+ATOL = 1e-4
+LTX = FAMILIES["ltx"]
+TILES = dict(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=32, tile_sample_stride_width=32)
+
+
+@pytest.fixture(scope="module")
+def ltx_095(tmp_path_factory):
+    name, config = small(LTX, "ltx-0.9.5")
+    root = tmp_path_factory.mktemp("ltx-0.9.5")
+    return (*converted_by_cli(name, config, root), root)
+
+
+@pytest.fixture(scope="module")
+def ltx_091(tmp_path_factory):
+    return converted_by_cli("ltx-video-0.9.1", LTX_091_SMALL, tmp_path_factory.mktemp("ltx-0.9.1"))
+
+
+def _compare(expected, models, run_ours):
+    for target, model in models.items():
+        got = run_ours(runner(target, model))
+        assert got.shape == expected.shape, target
+        assert np.abs(got - expected).max() <= ATOL, (target, np.abs(got - expected).max())
+
+
+def _latent(frames, height, width, seed=0, batch=1):
+    return torch.randn(batch, 8, frames, height, width, generator=torch.Generator().manual_seed(seed))
+
+
+def _decode_capturing_noise(reference, z, temb, monkeypatch) -> tuple[np.ndarray, list[np.ndarray]]:
+    """diffusers' decode and the noise maps it drew from torch's global generator, in order."""
+    draws, draw = [], torch.randn
+
+    def recording(*args, **kwargs):
+        out = draw(*args, **kwargs)
+        draws.append(out.numpy().copy())
+        return out
+
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(torch, "randn", recording)
+        decoded = reference.decode(z, temb=torch.tensor(temb)).sample.numpy()
+    return decoded, draws
+
+
+def test_noise_injection_adds_diffusers_draws_as_diffusers_does(ltx_091, monkeypatch):
+    reference, models = ltx_091
+    z, temb = _latent(2, 2, 3), [0.3]
+    expected, draws = _decode_capturing_noise(reference, z, temb, monkeypatch)
+    assert [d.shape for d in draws] == LTX.config_class.from_dict(LTX_091_SMALL).noise_map_sizes(2, 3)
+    _compare(expected, models, lambda r: r.decode(z.numpy(), temb=np.float32(temb), noise=draws))
+    # the noise counts: without it the output moves
+    quiet = [np.zeros_like(d) for d in draws]
+    assert np.abs(runner("flax", models["flax"]).decode(z.numpy(), temb=np.float32(temb), noise=quiet) - expected).max() > 100 * ATOL
+    # by default the PyTorch model draws from torch's global generator as diffusers does: the same maps after the
+    # same seed
+    torch.manual_seed(7)
+    with torch.no_grad():
+        expected = reference.decode(z, temb=torch.tensor(temb)).sample.numpy()
+    torch.manual_seed(7)
+    with torch.no_grad():
+        got = models["torchax"].decode(z, temb=torch.tensor(temb)).sample.numpy()
+    assert np.abs(got - expected).max() <= ATOL
+
+
+def test_noise_sources(ltx_091):
+    """A seed draws the same maps on every target; a JAX key or a torch generator draws reproducibly; maps of the
+    wrong shapes are refused."""
+    _, models = ltx_091
+    z = _latent(2, 2, 2).numpy()
+    flax, torchax = runner("flax", models["flax"]), runner("torchax", models["torchax"])
+    by_seed = flax.decode(z, temb=np.float32([0.1]), noise=np.array(3))
+    assert np.abs(torchax.decode(z, temb=np.float32([0.1]), noise=np.array(3)) - by_seed).max() <= ATOL
+    assert np.abs(flax.decode(z, temb=np.float32([0.1]), noise=np.array(4)) - by_seed).max() > 100 * ATOL
+
+    import jax
+
+    vae = models["flax"]
+    key = jax.random.key(0)
+    channels_last = z.transpose(0, 2, 3, 4, 1)
+    np.testing.assert_array_equal(
+        np.asarray(vae.decode(channels_last, temb=0.1, noise=key)), np.asarray(vae.decode(channels_last, temb=0.1, noise=key))
+    )
+    with torch.no_grad():
+        first = models["torchax"].decode(torch.from_numpy(z), temb=0.1, noise=torch.Generator().manual_seed(1)).sample
+        again = models["torchax"].decode(torch.from_numpy(z), temb=0.1, noise=torch.Generator().manual_seed(1)).sample
+    torch.testing.assert_close(first, again, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="noise: expected maps of shapes"):
+        vae.decode(channels_last, temb=0.1, noise=[np.zeros((2, 2), np.float32)])
+
+
+def test_timestep_conditioning_at_two_timesteps_and_per_batch_entry(ltx_095):
+    reference, models, _ = ltx_095
+    z = _latent(2, 2, 3)
+    outputs = []
+    for temb in ([0.05], [0.8]):
+        with torch.no_grad():
+            expected = reference.decode(z, temb=torch.tensor(temb)).sample.numpy()
+        _compare(expected, models, lambda r: r.decode(z.numpy(), temb=np.float32(temb)))
+        outputs.append(expected)
+    assert np.abs(outputs[0] - outputs[1]).max() > 100 * ATOL  # the timestep is used
+    # a timestep per batch entry
+    zz = torch.cat([z, _latent(2, 2, 3, seed=1)])
+    with torch.no_grad():
+        expected = reference.decode(zz, temb=torch.tensor([0.05, 0.8])).sample.numpy()
+    _compare(expected, models, lambda r: r.decode(zz.numpy(), temb=np.float32([0.05, 0.8])))
+    with pytest.raises(ValueError, match="timestep-conditioned; pass temb"):
+        models["flax"].decode(z.numpy().transpose(0, 2, 3, 4, 1))
+
+
+def test_non_square_decode_and_encode(ltx_095):
+    reference, models, _ = ltx_095
+    z = _latent(3, 2, 5, seed=2)
+    with torch.no_grad():
+        expected = reference.decode(z, temb=torch.tensor([0.05])).sample.numpy()
+    _compare(expected, models, lambda r: r.decode(z.numpy(), temb=np.float32([0.05])))
+    x = torch.rand(1, 3, 9, 64, 160, generator=torch.Generator().manual_seed(3)) * 2 - 1
+    with torch.no_grad():
+        expected = reference.encode(x).latent_dist.mean.numpy()
+    _compare(expected, models, lambda r: r.encode(x.numpy())[0])
+
+
+def _framewise(models, reference, on: bool):
+    for vae in (*models.values(), reference):
+        vae.use_framewise_decoding = on
+        if on:
+            vae.enable_tiling(**TILES)
+        else:
+            vae.disable_tiling()
+
+
+@pytest.mark.slow
+def test_framewise_temporal_tiles_with_spatial_tiles_inside(ltx_095):
+    """diffusers' overlapping temporal tiles: decode drops each later tile's last frame, encode its first latent;
+    encode follows the decoding switch, as diffusers' _encode reads it."""
+    reference, models, _ = ltx_095
+    z = _latent(5, 3, 4, seed=4)
+    x = torch.rand(1, 3, 33, 96, 64, generator=torch.Generator().manual_seed(5)) * 2 - 1
+    with torch.no_grad():
+        whole = reference.decode(z, temb=torch.tensor([0.05])).sample.numpy()
+    _framewise(models, reference, True)
+    try:
+        with torch.no_grad():
+            decoded = reference.decode(z, temb=torch.tensor([0.05])).sample.numpy()
+            encoded = reference.encode(x).latent_dist.mean.numpy()
+        assert np.abs(decoded - whole).max() > 100 * ATOL  # the tiles change the result: the test proves them
+        _compare(decoded, models, lambda r: r.decode(z.numpy(), temb=np.float32([0.05])))
+        _compare(encoded, models, lambda r: r.encode(x.numpy())[0])
+    finally:
+        _framewise(models, reference, False)
+
+
+def test_latent_statistics_are_carried_and_recorded(ltx_095):
+    reference, models, root = ltx_095
+    for name in ("latents_mean", "latents_std"):
+        expected = getattr(reference, name).numpy()
+        np.testing.assert_array_equal(np.asarray(getattr(models["flax"], name)[...]), expected)
+        np.testing.assert_array_equal(getattr(models["torchax"], name).numpy(), expected)
+        for target in models:
+            np.testing.assert_array_equal(np.float32(manifest(root / target)["tensors"][name]), expected)
+
+
+def test_diffusers_reads_the_torchax_output(ltx_095):
+    reference, _, root = ltx_095
+    loaded = diffusers.AutoencoderKLLTXVideo.from_pretrained(root / "torchax")
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(loaded.state_dict()[key], value, rtol=0, atol=0)
