@@ -14,7 +14,7 @@ from converter.models.cogvideox.spec import COGVIDEOX
 from converter.models.common.config import ConfigError
 from converter.models.common.spec import FamilySpec
 from converter.models.hunyuanvideo.spec import HUNYUANVIDEO
-from converter.models.ltx.spec import LTX
+from converter.models.ltx.spec import LTX, LTX2
 from converter.models.qwenimage.spec import QWENIMAGE
 from converter.models.wan.spec import WAN
 
@@ -46,7 +46,7 @@ def register(family: FamilySpec) -> None:
             MODELS[name] = ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
 
 
-for _family in (WAN, COGVIDEOX, QWENIMAGE, HUNYUANVIDEO, LTX):
+for _family in (WAN, COGVIDEOX, QWENIMAGE, HUNYUANVIDEO, LTX, LTX2):
     register(_family)
 
 

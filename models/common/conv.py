@@ -106,6 +106,14 @@ def cpu_conv(
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)
 
 
+def prepadded_conv(lhs, rhs, window_strides, padding, **kwargs):
+    """cpu_conv for convolutions whose input is padded before them (by replication or reflection): on a mesh, XLA's
+    partitioner splits them (cpu_conv's width-halo exchange is for convolutions that zero-pad their own width)."""
+    if not jax.sharding.get_abstract_mesh().empty:
+        return lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
+    return cpu_conv(lhs, rhs, window_strides, padding, **kwargs)
+
+
 def _undilated(lhs_dilation, rhs_dilation) -> bool:
     """Whether neither the input nor the kernel is dilated (None: not at all)."""
     return all(d == 1 for d in (*(lhs_dilation or (1,)), *(rhs_dilation or (1,))))

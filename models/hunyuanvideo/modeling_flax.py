@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..common.conv import cpu_conv
+from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
 from ..common.layers_flax import GroupNorm
 from ..common.steps_flax import run_chunks
@@ -26,14 +26,6 @@ from ..common.tiling import TilingMixin, run_framewise
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
 
 ATTENTION_BLOCK = 1024  # tokens per query and key block of the mid-block attention
-
-
-def _conv(lhs, rhs, window_strides, padding, **kwargs):
-    """The convolutions pad nothing themselves (replicate padding comes first): on a mesh, XLA's partitioner splits
-    them (cpu_conv's width-halo exchange is for convolutions that zero-pad their own width)."""
-    if not jax.sharding.get_abstract_mesh().empty:
-        return jax.lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
-    return cpu_conv(lhs, rhs, window_strides, padding, **kwargs)
 
 
 class HunyuanVideoCausalConv3d(nnx.Module):
@@ -50,7 +42,7 @@ class HunyuanVideoCausalConv3d(nnx.Module):
             kernel_init=nnx.initializers.zeros,
             rngs=rngs,
             param_dtype=param_dtype,
-            conv_general_dilated=_conv,
+            conv_general_dilated=prepadded_conv,
         )
 
     def __call__(self, x):
@@ -276,7 +268,7 @@ class AutoencoderKLHunyuanVideo(TilingMixin, nnx.Module):
         self.config = config
         self.encoder = HunyuanVideoEncoder3D(config, **kw)
         self.decoder = HunyuanVideoDecoder3D(config, **kw)
-        conv = dict(kernel_init=nnx.initializers.zeros, conv_general_dilated=_conv, **kw)
+        conv = dict(kernel_init=nnx.initializers.zeros, conv_general_dilated=prepadded_conv, **kw)
         self.quant_conv = nnx.Conv(2 * latent, 2 * latent, (1, 1, 1), **conv)
         self.post_quant_conv = nnx.Conv(latent, latent, (1, 1, 1), **conv)
         # diffusers' defaults: clips longer than one temporal tile go in overlapping temporal tiles

@@ -6,11 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 
 from ..common.config import ConfigError, DiffusersConfig
 from ..common.tiling import SampleTiling
 
 STRIDES = {"conv": (2, 2, 2), "spatial": (1, 2, 2), "temporal": (2, 1, 1), "spatiotemporal": (2, 2, 2)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvStyle:
+    """How the encoder's or the decoder's convolutions pad: time by repeating edge frames (causal: the first k-1
+    times; else the first and last (k-1)/2 times each), space with zeros or by reflection; and whether resnets'
+    1x1x1 shortcuts are plain convolutions (LTX-2) or causal ones."""
+
+    causal: bool
+    padding: str
+    plain_shortcut: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,37 +89,74 @@ class LTXVideoVAEConfig(DiffusersConfig):
     def latent_scaling(self) -> str:
         return f"(z - latents_mean) * {self.scaling_factor} / latents_std"
 
+    # what LTX-2's class changes (LTX2VideoVAEConfig below)
+    down_block_names: typing.ClassVar[tuple[str, ...]] = ("LTXVideoDownBlock3D", "LTXVideo095DownBlock3D")
+    plain_shortcut: typing.ClassVar[bool] = False  # resnets' 1x1x1 shortcut: a causal conv (`.conv.weight`)
+    encoder_padding: typing.ClassVar[str] = "zeros"  # the convolutions' spatial padding
+    decoder_padding: typing.ClassVar[str] = "zeros"
+
     @property
     def spatial_ratio(self) -> int:
         """diffusers' `spatial_compression_ratio` attribute: the config's, else patch * 2 ** (scaled levels)."""
-        return self.spatial_compression_ratio or self.patch_size * 2 ** sum(self.spatio_temporal_scaling)
+        return self.spatial_compression_ratio or self.patch_size * 2 ** sum(self.encoder_scaling)
 
     @property
     def temporal_ratio(self) -> int:
-        return self.temporal_compression_ratio or self.patch_size_t * 2 ** sum(self.spatio_temporal_scaling)
+        return self.temporal_compression_ratio or self.patch_size_t * 2 ** sum(self.encoder_scaling)
 
     @property
     def is_095(self) -> bool:
         """diffusers' test for the 0.9.5 encoder layout (its last down block's type)."""
         return self.down_block_types[-1] == "LTXVideo095DownBlock3D"
 
+    @property
+    def encoder_levels(self) -> int:
+        return len(self.block_out_channels) - (1 if self.is_095 else 0)
+
+    @property
+    def encoder_in_width(self) -> int:
+        """conv_in's output width."""
+        return self.block_out_channels[0]
+
+    # the per-block lists, as the constructors read them (LTX-2's may be one bool for all)
+    @property
+    def encoder_scaling(self) -> tuple[bool, ...]:
+        return self.spatio_temporal_scaling
+
+    @property
+    def decoder_scaling(self) -> tuple[bool, ...]:
+        return self.decoder_spatio_temporal_scaling
+
+    @property
+    def inject_noise(self) -> tuple[bool, ...]:
+        return self.decoder_inject_noise
+
+    @property
+    def residual(self) -> tuple[bool, ...]:
+        return self.upsample_residual
+
     def ensure_supported(self):
-        known = {"LTXVideoDownBlock3D", "LTXVideo095DownBlock3D"}
-        unknown = sorted(set(self.down_block_types) - known)
+        unknown = sorted(set(self.down_block_types) - set(self.down_block_names))
         if unknown:
-            raise ConfigError(f"config.json: down_block_types {unknown} do not exist (known: {sorted(known)})")
-        levels = len(self.block_out_channels) - (1 if self.is_095 else 0)
-        if len(self.down_block_types) < levels or len(self.spatio_temporal_scaling) < levels:
+            raise ConfigError(
+                f"config.json: down_block_types {unknown} do not exist (known: {list(self.down_block_names)})"
+            )
+        levels = self.encoder_levels
+        if len(self.down_block_types) < levels or len(self.encoder_scaling) < levels:
             raise ConfigError("config.json: down_block_types and spatio_temporal_scaling are shorter than the blocks")
         if len(self.layers_per_block) < levels + 1:
             raise ConfigError("config.json: layers_per_block needs one entry per block and one for the mid block")
         if any(t not in STRIDES for t in self.downsample_type[:levels]):
             raise ConfigError(f"config.json: downsample_type entries must be among {sorted(STRIDES)}")
         up = len(self.decoder_block_out_channels)
-        for name in ("decoder_spatio_temporal_scaling", "upsample_residual", "upsample_factor"):
-            if len(getattr(self, name)) < up:
+        for name, values in (
+            ("decoder_spatio_temporal_scaling", self.decoder_scaling),
+            ("upsample_residual", self.residual),
+            ("upsample_factor", self.upsample_factor),
+        ):
+            if len(values) < up:
                 raise ConfigError(f"config.json: {name} is shorter than decoder_block_out_channels")
-        if len(self.decoder_layers_per_block) < up + 1 or len(self.decoder_inject_noise) < up + 1:
+        if len(self.decoder_layers_per_block) < up + 1 or len(self.inject_noise) < up + 1:
             raise ConfigError(
                 "config.json: decoder_layers_per_block and decoder_inject_noise need one entry per decoder block and "
                 "one for the mid block"
@@ -144,9 +193,14 @@ class LTXVideoVAEConfig(DiffusersConfig):
                 )
             entering = level.out_channels
 
+    def conv_style(self, part: str) -> ConvStyle:
+        if part == "encoder":
+            return ConvStyle(self.encoder_causal, self.encoder_padding, self.plain_shortcut)
+        return ConvStyle(self.decoder_causal, self.decoder_padding, self.plain_shortcut)
+
     def down_levels(self) -> list[DownLevel]:
         """The encoder's blocks as LTXVideoEncoder3d builds them."""
-        levels = len(self.block_out_channels) - (1 if self.is_095 else 0)
+        levels = self.encoder_levels
         out, blocks = self.block_out_channels[0], []
         for i in range(levels):
             in_channels = out
@@ -156,7 +210,7 @@ class LTXVideoVAEConfig(DiffusersConfig):
                 out = self.block_out_channels[i + 1] if i + 1 < levels else self.block_out_channels[i]
             block_type = self.down_block_types[i]
             downsample = None
-            if self.spatio_temporal_scaling[i]:
+            if self.encoder_scaling[i]:
                 downsample = "conv" if block_type == "LTXVideoDownBlock3D" else self.downsample_type[i]
             blocks.append(DownLevel(block_type, in_channels, out, self.layers_per_block[i], downsample))
         return blocks
@@ -165,10 +219,10 @@ class LTXVideoVAEConfig(DiffusersConfig):
         """The decoder's blocks as LTXVideoDecoder3d builds them (its lists reversed, widths divided by each
         block's upsample_factor)."""
         channels = tuple(reversed(self.decoder_block_out_channels))
-        scaling = tuple(reversed(self.decoder_spatio_temporal_scaling))
+        scaling = tuple(reversed(self.decoder_scaling))
         layers = tuple(reversed(self.decoder_layers_per_block))
-        noise = tuple(reversed(self.decoder_inject_noise))
-        residual = tuple(reversed(self.upsample_residual))
+        noise = tuple(reversed(self.inject_noise))
+        residual = tuple(reversed(self.residual))
         factor = tuple(reversed(self.upsample_factor))
         out, blocks = channels[0], []
         for i in range(len(channels)):
@@ -188,6 +242,7 @@ class LTXVideoVAEConfig(DiffusersConfig):
         return blocks
 
     def upsample_stride(self, level: int) -> tuple[int, int, int]:
+        """The level-th decoder block's upsampling strides (time, height, width)."""
         return (2, 2, 2)
 
     @property
@@ -197,7 +252,7 @@ class LTXVideoVAEConfig(DiffusersConfig):
 
     @property
     def mid_inject_noise(self) -> bool:
-        return tuple(reversed(self.decoder_inject_noise))[0]
+        return tuple(reversed(self.inject_noise))[0]
 
     @property
     def mid_layers(self) -> int:
@@ -213,6 +268,105 @@ class LTXVideoVAEConfig(DiffusersConfig):
             if level.inject_noise:
                 sizes += [(height, width)] * (2 * level.num_layers)
         return sizes
+
+
+@dataclasses.dataclass(frozen=True)
+class LTX2VideoVAEConfig(LTXVideoVAEConfig):
+    """diffusers' `AutoencoderKLLTX2Video.__init__` (LTX-2.0's layout by default): 0.9.5's blocks with the encoder's
+    widths counted after conv_in (which makes latent_channels), upsamplers of any stride kind, plain 1x1x1
+    shortcuts, spatial padding chosen per side, and per-block lists that may be one bool for all."""
+
+    block_out_channels: tuple[int, ...] = (256, 512, 1024, 2048)
+    down_block_types: tuple[str, ...] = ("LTX2VideoDownBlock3D",) * 4
+    decoder_block_out_channels: tuple[int, ...] = (256, 512, 1024)
+    layers_per_block: tuple[int, ...] = (4, 6, 6, 2, 2)
+    decoder_layers_per_block: tuple[int, ...] = (5, 5, 5, 5)
+    spatio_temporal_scaling: bool | tuple[bool, ...] = (True, True, True, True)
+    decoder_spatio_temporal_scaling: bool | tuple[bool, ...] = (True, True, True)
+    decoder_inject_noise: bool | tuple[bool, ...] = (False, False, False, False)
+    downsample_type: tuple[str, ...] = ("spatial", "temporal", "spatiotemporal", "spatiotemporal")
+    upsample_type: tuple[str, ...] = ("spatiotemporal", "spatiotemporal", "spatiotemporal")
+    upsample_residual: bool | tuple[bool, ...] = (True, True, True)
+    upsample_factor: tuple[int, ...] = (2, 2, 2)
+    decoder_causal: bool = True
+    encoder_spatial_padding_mode: str = "zeros"
+    decoder_spatial_padding_mode: str = "reflect"
+
+    class_name = "AutoencoderKLLTX2Video"
+    down_block_names = ("LTX2VideoDownBlock3D",)
+    plain_shortcut = True
+
+    @property
+    def variant(self) -> str:
+        return "LTX-2 video VAE"
+
+    @property
+    def encoder_padding(self) -> str:
+        return self.encoder_spatial_padding_mode
+
+    @property
+    def decoder_padding(self) -> str:
+        return self.decoder_spatial_padding_mode
+
+    @property
+    def is_095(self) -> bool:
+        return False
+
+    @property
+    def encoder_levels(self) -> int:
+        return len(self.block_out_channels)
+
+    @property
+    def encoder_in_width(self) -> int:
+        return self.latent_channels
+
+    @staticmethod
+    def _each(value, count: int) -> tuple:
+        return (value,) * count if isinstance(value, bool) else value
+
+    @property
+    def encoder_scaling(self) -> tuple[bool, ...]:
+        return self._each(self.spatio_temporal_scaling, len(self.layers_per_block) - 1)
+
+    @property
+    def decoder_scaling(self) -> tuple[bool, ...]:
+        return self._each(self.decoder_spatio_temporal_scaling, len(self.decoder_layers_per_block) - 1)
+
+    @property
+    def inject_noise(self) -> tuple[bool, ...]:
+        return self._each(self.decoder_inject_noise, len(self.decoder_layers_per_block))
+
+    @property
+    def residual(self) -> tuple[bool, ...]:
+        return self._each(self.upsample_residual, len(self.decoder_layers_per_block) - 1)
+
+    def ensure_supported(self):
+        modes = ("zeros", "reflect")
+        for name in ("encoder_spatial_padding_mode", "decoder_spatial_padding_mode"):
+            if getattr(self, name) not in modes:
+                raise ConfigError(f"config.json: {name} must be one of {list(modes)}")
+        if len(self.upsample_type) < len(self.decoder_block_out_channels):
+            raise ConfigError("config.json: upsample_type is shorter than decoder_block_out_channels")
+        if any(t not in STRIDES or t == "conv" for t in self.upsample_type):
+            raise ConfigError("config.json: upsample_type entries must be spatial, temporal or spatiotemporal")
+        super().ensure_supported()
+
+    def down_levels(self) -> list[DownLevel]:
+        """The encoder's blocks as LTX2VideoEncoder3d builds them: block i goes to block_out_channels[i]."""
+        widths = (self.latent_channels, *self.block_out_channels)
+        return [
+            DownLevel(
+                self.down_block_types[i],
+                widths[i],
+                widths[i + 1],
+                self.layers_per_block[i],
+                self.downsample_type[i] if self.encoder_scaling[i] else None,
+            )
+            for i in range(len(self.block_out_channels))
+        ]
+
+    def upsample_stride(self, level: int) -> tuple[int, int, int]:
+        return STRIDES[self.upsample_type[level]]  # diffusers reads this list in its own order, not reversed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -250,6 +404,25 @@ LTX_095_CONFIG = dict(
     upsample_residual=(True, True, True),
     upsample_factor=(2, 2, 2),
     timestep_conditioning=True,
+    spatial_compression_ratio=32,
+    temporal_compression_ratio=8,
+)
+
+# LTX-2.0 is the LTX-2 class's defaults with a non-causal decoder and explicit ratios; 2.3 (and 2.5's conv VAE) from
+# diffusers' scripts/convert_ltx2_to_diffusers.py and the published config
+LTX2_20_CONFIG = dict(decoder_causal=False, spatial_compression_ratio=32, temporal_compression_ratio=8)
+LTX2_23_CONFIG = dict(
+    block_out_channels=(256, 512, 1024, 1024),
+    decoder_block_out_channels=(256, 512, 512, 1024),
+    layers_per_block=(4, 6, 4, 2, 2),
+    decoder_layers_per_block=(4, 6, 4, 2, 2),
+    decoder_spatio_temporal_scaling=(True, True, True, True),
+    decoder_inject_noise=(False, False, False, False, False),
+    upsample_type=("spatiotemporal", "spatiotemporal", "temporal", "spatial"),
+    upsample_residual=(False, False, False, False),
+    upsample_factor=(2, 2, 1, 2),
+    decoder_spatial_padding_mode="zeros",
+    decoder_causal=False,
     spatial_compression_ratio=32,
     temporal_compression_ratio=8,
 )

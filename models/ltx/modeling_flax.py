@@ -17,11 +17,11 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from ..common.conv import cpu_conv
+from ..common.conv import cpu_conv, prepadded_conv
 from ..common.inputs import expect_video
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin, run_framewise
-from .config import STRIDES, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
+from .config import STRIDES, ConvStyle, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
 from .noise import noise_maps
 
 
@@ -53,13 +53,14 @@ def depth_to_space(x, stride):
 
 
 class LTXVideoCausalConv3d(nnx.Module):
-    """Conv3d padded in time by repeating the first frame k-1 times (causal) or the first and last (k-1)/2 times each,
-    and in space by the conv's own k//2 zeros."""
+    """Conv3d padded in time by repeating edge frames and in space with zeros (the conv's own padding) or by
+    reflection, as `style` says (config.ConvStyle)."""
 
-    def __init__(self, in_channels, out_channels, kernel_size=3, stride=(1, 1, 1), is_causal=True, *, rngs, param_dtype):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=(1, 1, 1), *, style: ConvStyle, rngs, param_dtype):
         self.kernel_size = kernel_size
-        self.is_causal = is_causal
-        pad = kernel_size // 2
+        self.causal = style.causal
+        self.reflect = style.padding == "reflect" and kernel_size > 1
+        pad = 0 if self.reflect else kernel_size // 2
         self.conv = nnx.Conv(
             in_channels,
             out_channels,
@@ -69,14 +70,16 @@ class LTXVideoCausalConv3d(nnx.Module):
             kernel_init=nnx.initializers.zeros,
             rngs=rngs,
             param_dtype=param_dtype,
-            conv_general_dilated=cpu_conv,
+            conv_general_dilated=prepadded_conv if self.reflect else cpu_conv,
         )
 
     def __call__(self, x):
         k = self.kernel_size
-        front, back = (k - 1, 0) if self.is_causal else ((k - 1) // 2, (k - 1) // 2)
+        front, back = (k - 1, 0) if self.causal else ((k - 1) // 2, (k - 1) // 2)
         if front or back:
             x = jnp.concatenate([jnp.repeat(x[:, :1], front, axis=1), x, jnp.repeat(x[:, -1:], back, axis=1)], axis=1)
+        if self.reflect:
+            x = jnp.pad(x, ((0, 0), (0, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)), mode="reflect")
         return self.conv(x)
 
 
@@ -109,7 +112,7 @@ class LTXVideoResnetBlock3d(nnx.Module):
         in_channels,
         out_channels,
         eps,
-        is_causal,
+        style,
         inject_noise=False,
         timestep_conditioning=False,
         *,
@@ -117,13 +120,18 @@ class LTXVideoResnetBlock3d(nnx.Module):
         param_dtype,
     ):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.conv1 = LTXVideoCausalConv3d(in_channels, out_channels, 3, is_causal=is_causal, **kw)
-        self.conv2 = LTXVideoCausalConv3d(out_channels, out_channels, 3, is_causal=is_causal, **kw)
+        self.conv1 = LTXVideoCausalConv3d(in_channels, out_channels, 3, style=style, **kw)
+        self.conv2 = LTXVideoCausalConv3d(out_channels, out_channels, 3, style=style, **kw)
         shortcut = in_channels != out_channels
         self.norm3 = nnx.LayerNorm(in_channels, epsilon=eps, **kw) if shortcut else None
-        self.conv_shortcut = (
-            LTXVideoCausalConv3d(in_channels, out_channels, 1, is_causal=is_causal, **kw) if shortcut else None
-        )
+        if not shortcut:
+            self.conv_shortcut = None
+        elif style.plain_shortcut:
+            self.conv_shortcut = nnx.Conv(
+                in_channels, out_channels, (1, 1, 1), kernel_init=nnx.initializers.zeros, conv_general_dilated=cpu_conv, **kw
+            )
+        else:
+            self.conv_shortcut = LTXVideoCausalConv3d(in_channels, out_channels, 1, style=style, **kw)
         self.per_channel_scale1 = nnx.Param(jnp.zeros((in_channels, 1, 1), param_dtype)) if inject_noise else None
         self.per_channel_scale2 = nnx.Param(jnp.zeros((in_channels, 1, 1), param_dtype)) if inject_noise else None
         self.scale_shift_table = nnx.Param(jnp.zeros((4, in_channels), param_dtype)) if timestep_conditioning else None
@@ -158,12 +166,12 @@ class LTXVideoDownsampler3d(nnx.Module):
     """A convolution to out/(st*sh*sw) channels, space-to-depth, plus the input space-to-depthed and averaged over
     channel groups; the first st-1 frames are repeated in front."""
 
-    def __init__(self, in_channels, out_channels, stride, is_causal, *, rngs, param_dtype):
+    def __init__(self, in_channels, out_channels, stride, style, *, rngs, param_dtype):
         self.stride = stride
         product = math.prod(stride)
         self.group_size = in_channels * product // out_channels
         self.conv = LTXVideoCausalConv3d(
-            in_channels, out_channels // product, 3, is_causal=is_causal, rngs=rngs, param_dtype=param_dtype
+            in_channels, out_channels // product, 3, style=style, rngs=rngs, param_dtype=param_dtype
         )
 
     def __call__(self, x):
@@ -177,7 +185,7 @@ class LTXVideoUpsampler3d(nnx.Module):
     """A convolution to in*(st*sh*sw)/upscale_factor channels, depth-to-space, the first st-1 frames dropped; with
     `residual`, plus the input depth-to-spaced and tiled along channels (torch's `repeat`, not an interleave)."""
 
-    def __init__(self, in_channels, stride, is_causal, residual, upscale_factor, *, rngs, param_dtype):
+    def __init__(self, in_channels, stride, style, residual, upscale_factor, *, rngs, param_dtype):
         self.stride = stride
         self.residual = residual
         self.repeats = math.prod(stride) // upscale_factor
@@ -185,7 +193,7 @@ class LTXVideoUpsampler3d(nnx.Module):
             in_channels,
             in_channels * math.prod(stride) // upscale_factor,
             3,
-            is_causal=is_causal,
+            style=style,
             rngs=rngs,
             param_dtype=param_dtype,
         )
@@ -198,10 +206,10 @@ class LTXVideoUpsampler3d(nnx.Module):
         return out
 
 
-def _resnets(channels, count, eps, is_causal, inject_noise=False, timestep_conditioning=False, **kw):
+def _resnets(channels, count, eps, style, inject_noise=False, timestep_conditioning=False, **kw):
     return nnx.List(
         [
-            LTXVideoResnetBlock3d(channels, channels, eps, is_causal, inject_noise, timestep_conditioning, **kw)
+            LTXVideoResnetBlock3d(channels, channels, eps, style, inject_noise, timestep_conditioning, **kw)
             for _ in range(count)
         ]
     )
@@ -210,19 +218,19 @@ def _resnets(channels, count, eps, is_causal, inject_noise=False, timestep_condi
 class LTXVideoDownBlock3D(nnx.Module):
     """0.9.0's down block (also LTXVideo095DownBlock3D, which has no conv_out and other downsamplers)."""
 
-    def __init__(self, level: DownLevel, eps, is_causal, *, rngs, param_dtype):
+    def __init__(self, level: DownLevel, eps, style, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = _resnets(level.in_channels, level.num_layers, eps, is_causal, **kw)
+        self.resnets = _resnets(level.in_channels, level.num_layers, eps, style, **kw)
         if level.downsample == "conv":
-            downsampler = LTXVideoCausalConv3d(level.in_channels, level.in_channels, 3, (2, 2, 2), is_causal, **kw)
+            downsampler = LTXVideoCausalConv3d(level.in_channels, level.in_channels, 3, (2, 2, 2), style=style, **kw)
         elif level.downsample is not None:
             downsampler = LTXVideoDownsampler3d(
-                level.in_channels, level.out_channels, STRIDES[level.downsample], is_causal, **kw
+                level.in_channels, level.out_channels, STRIDES[level.downsample], style, **kw
             )
         self.downsamplers = nnx.List([downsampler]) if level.downsample else None
         width_changes = level.block_type == "LTXVideoDownBlock3D" and level.in_channels != level.out_channels
         self.conv_out = (
-            LTXVideoResnetBlock3d(level.in_channels, level.out_channels, eps, is_causal, **kw) if width_changes else None
+            LTXVideoResnetBlock3d(level.in_channels, level.out_channels, eps, style, **kw) if width_changes else None
         )
 
     def __call__(self, x):
@@ -234,12 +242,12 @@ class LTXVideoDownBlock3D(nnx.Module):
 
 
 class LTXVideoMidBlock3d(nnx.Module):
-    def __init__(self, channels, num_layers, eps, is_causal, inject_noise, timestep_conditioning, *, rngs, param_dtype):
+    def __init__(self, channels, num_layers, eps, style, inject_noise, timestep_conditioning, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         self.time_embedder = (
             PixArtAlphaCombinedTimestepSizeEmbeddings(4 * channels, **kw) if timestep_conditioning else None
         )
-        self.resnets = _resnets(channels, num_layers, eps, is_causal, inject_noise, timestep_conditioning, **kw)
+        self.resnets = _resnets(channels, num_layers, eps, style, inject_noise, timestep_conditioning, **kw)
 
     def __call__(self, x, temb=None, noise=None):
         if self.time_embedder is not None:
@@ -250,14 +258,14 @@ class LTXVideoMidBlock3d(nnx.Module):
 
 
 class LTXVideoUpBlock3d(nnx.Module):
-    def __init__(self, level: UpLevel, eps, is_causal, timestep_conditioning, *, rngs, param_dtype):
+    def __init__(self, level: UpLevel, eps, style, timestep_conditioning, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         self.time_embedder = (
             PixArtAlphaCombinedTimestepSizeEmbeddings(4 * level.in_channels, **kw) if timestep_conditioning else None
         )
         # never timestep-conditioned nor noisy where the width changes (config.ensure_supported)
         self.conv_in = (
-            LTXVideoResnetBlock3d(level.in_channels, level.out_channels, eps, is_causal, **kw)
+            LTXVideoResnetBlock3d(level.in_channels, level.out_channels, eps, style, **kw)
             if level.in_channels != level.out_channels
             else None
         )
@@ -267,7 +275,7 @@ class LTXVideoUpBlock3d(nnx.Module):
                     LTXVideoUpsampler3d(
                         level.out_channels * level.upscale_factor,
                         level.upsample,
-                        is_causal,
+                        style,
                         level.residual,
                         level.upscale_factor,
                         **kw,
@@ -278,7 +286,7 @@ class LTXVideoUpBlock3d(nnx.Module):
             else None
         )
         self.resnets = _resnets(
-            level.out_channels, level.num_layers, eps, is_causal, level.inject_noise, timestep_conditioning, **kw
+            level.out_channels, level.num_layers, eps, style, level.inject_noise, timestep_conditioning, **kw
         )
 
     def __call__(self, x, temb=None, noise=None):
@@ -296,16 +304,16 @@ class LTXVideoUpBlock3d(nnx.Module):
 class LTXVideoEncoder3d(nnx.Module):
     def __init__(self, config: LTXVideoVAEConfig, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        causal, eps = config.encoder_causal, config.resnet_norm_eps
+        style, eps = config.conv_style("encoder"), config.resnet_norm_eps
         self.patch = (config.patch_size_t, config.patch_size, config.patch_size)
         levels = config.down_levels()
         self.conv_in = LTXVideoCausalConv3d(
-            config.in_channels * config.patch_size**2, config.block_out_channels[0], 3, is_causal=causal, **kw
+            config.in_channels * config.patch_size**2, config.encoder_in_width, 3, style=style, **kw
         )
-        self.down_blocks = nnx.List([LTXVideoDownBlock3D(level, eps, causal, **kw) for level in levels])
+        self.down_blocks = nnx.List([LTXVideoDownBlock3D(level, eps, style, **kw) for level in levels])
         width = levels[-1].out_channels
-        self.mid_block = LTXVideoMidBlock3d(width, config.layers_per_block[-1], eps, causal, False, False, **kw)
-        self.conv_out = LTXVideoCausalConv3d(width, config.latent_channels + 1, 3, is_causal=causal, **kw)
+        self.mid_block = LTXVideoMidBlock3d(width, config.layers_per_block[-1], eps, style, False, False, **kw)
+        self.conv_out = LTXVideoCausalConv3d(width, config.latent_channels + 1, 3, style=style, **kw)
 
     def __call__(self, x, cache=None):
         """A whole clip (no cache) -> moments: the means, then the one log-variance channel repeated."""
@@ -324,18 +332,18 @@ class LTXVideoEncoder3d(nnx.Module):
 class LTXVideoDecoder3d(nnx.Module):
     def __init__(self, config: LTXVideoVAEConfig, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        causal, eps, conditioned = config.decoder_causal, config.resnet_norm_eps, config.timestep_conditioning
+        style, eps, conditioned = config.conv_style("decoder"), config.resnet_norm_eps, config.timestep_conditioning
         self.patch = (config.patch_size_t, config.patch_size, config.patch_size)
         width = config.decoder_width
-        self.conv_in = LTXVideoCausalConv3d(config.latent_channels, width, 3, is_causal=causal, **kw)
+        self.conv_in = LTXVideoCausalConv3d(config.latent_channels, width, 3, style=style, **kw)
         self.mid_block = LTXVideoMidBlock3d(
-            width, config.mid_layers, eps, causal, config.mid_inject_noise, conditioned, **kw
+            width, config.mid_layers, eps, style, config.mid_inject_noise, conditioned, **kw
         )
         levels = config.up_levels()
-        self.up_blocks = nnx.List([LTXVideoUpBlock3d(level, eps, causal, conditioned, **kw) for level in levels])
+        self.up_blocks = nnx.List([LTXVideoUpBlock3d(level, eps, style, conditioned, **kw) for level in levels])
         out_width = levels[-1].out_channels
         self.conv_out = LTXVideoCausalConv3d(
-            out_width, config.out_channels * config.patch_size_t * config.patch_size**2, 3, is_causal=causal, **kw
+            out_width, config.out_channels * config.patch_size_t * config.patch_size**2, 3, style=style, **kw
         )
         self.timestep_scale_multiplier = nnx.Param(jnp.zeros((), param_dtype)) if conditioned else None
         self.time_embedder = PixArtAlphaCombinedTimestepSizeEmbeddings(2 * out_width, **kw) if conditioned else None
@@ -447,3 +455,8 @@ def _key_draws(key):
         return [jax.random.normal(jax.random.fold_in(key_call, n), shape) for n, shape in enumerate(shapes)]
 
     return draw
+
+
+class AutoencoderKLLTX2Video(AutoencoderKLLTXVideo):
+    """diffusers' `AutoencoderKLLTX2Video`: the same model, built from an LTX2VideoVAEConfig (what differs is in the
+    config: encoder widths, upsampler strides, padding, shortcuts)."""

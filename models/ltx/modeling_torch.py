@@ -21,7 +21,7 @@ from ..common.inputs import expect_video
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from ..common.tiling import run_framewise
-from .config import STRIDES, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
+from .config import STRIDES, ConvStyle, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
 from .noise import noise_maps
 
 
@@ -46,18 +46,26 @@ def depth_to_space(x, stride):
 
 
 class LTXVideoCausalConv3d(nn.Module):
-    """Conv3d padded in time by repeating the first frame k-1 times (causal) or the first and last (k-1)/2 times each,
-    and in space by the conv's own k//2 zeros."""
+    """Conv3d padded in time by repeating edge frames and in space with zeros or by reflection (the conv's own
+    padding), as `style` says (config.ConvStyle)."""
 
-    def __init__(self, in_channels, out_channels, kernel_size=3, stride=1, is_causal=True):
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, style: ConvStyle):
         super().__init__()
         self.kernel_size = kernel_size
-        self.is_causal = is_causal
-        self.conv = nn.Conv3d(in_channels, out_channels, kernel_size, stride, padding=(0, kernel_size // 2, kernel_size // 2))
+        self.causal = style.causal
+        pad = kernel_size // 2
+        self.conv = nn.Conv3d(
+            in_channels,
+            out_channels,
+            kernel_size,
+            stride,
+            padding=(0, pad, pad),
+            padding_mode="reflect" if style.padding == "reflect" else "zeros",
+        )
 
     def forward(self, x):
         k = self.kernel_size
-        front, back = (k - 1, 0) if self.is_causal else ((k - 1) // 2, (k - 1) // 2)
+        front, back = (k - 1, 0) if self.causal else ((k - 1) // 2, (k - 1) // 2)
         if front or back:
             x = torch.cat([x[:, :, :1].repeat(1, 1, front, 1, 1), x, x[:, :, -1:].repeat(1, 1, back, 1, 1)], dim=2)
         return self.conv(x)
@@ -88,14 +96,18 @@ class PixArtAlphaCombinedTimestepSizeEmbeddings(nn.Module):
 
 
 class LTXVideoResnetBlock3d(nn.Module):
-    def __init__(self, in_channels, out_channels, eps, is_causal, inject_noise=False, timestep_conditioning=False):
+    def __init__(self, in_channels, out_channels, eps, style, inject_noise=False, timestep_conditioning=False):
         super().__init__()
-        self.conv1 = LTXVideoCausalConv3d(in_channels, out_channels, 3, is_causal=is_causal)
-        self.conv2 = LTXVideoCausalConv3d(out_channels, out_channels, 3, is_causal=is_causal)
+        self.conv1 = LTXVideoCausalConv3d(in_channels, out_channels, 3, style=style)
+        self.conv2 = LTXVideoCausalConv3d(out_channels, out_channels, 3, style=style)
         self.norm3 = self.conv_shortcut = None
         if in_channels != out_channels:
             self.norm3 = nn.LayerNorm(in_channels, eps=eps)
-            self.conv_shortcut = LTXVideoCausalConv3d(in_channels, out_channels, 1, is_causal=is_causal)
+            self.conv_shortcut = (
+                nn.Conv3d(in_channels, out_channels, 1)
+                if style.plain_shortcut
+                else LTXVideoCausalConv3d(in_channels, out_channels, 1, style=style)
+            )
         self.per_channel_scale1 = self.per_channel_scale2 = None
         if inject_noise:
             self.per_channel_scale1 = nn.Parameter(torch.zeros(in_channels, 1, 1))
@@ -133,12 +145,12 @@ class LTXVideoDownsampler3d(nn.Module):
     """A convolution to out/(st*sh*sw) channels, space-to-depth, plus the input space-to-depthed and averaged over
     channel groups; the first st-1 frames are repeated in front."""
 
-    def __init__(self, in_channels, out_channels, stride, is_causal):
+    def __init__(self, in_channels, out_channels, stride, style):
         super().__init__()
         self.stride = stride
         product = math.prod(stride)
         self.group_size = in_channels * product // out_channels
-        self.conv = LTXVideoCausalConv3d(in_channels, out_channels // product, 3, is_causal=is_causal)
+        self.conv = LTXVideoCausalConv3d(in_channels, out_channels // product, 3, style=style)
 
     def forward(self, x):
         x = torch.cat([x[:, :, : self.stride[0] - 1], x], dim=2)
@@ -150,13 +162,13 @@ class LTXVideoUpsampler3d(nn.Module):
     """A convolution to in*(st*sh*sw)/upscale_factor channels, depth-to-space, the first st-1 frames dropped; with
     `residual`, plus the input depth-to-spaced and repeated (tiled) along channels."""
 
-    def __init__(self, in_channels, stride, is_causal, residual, upscale_factor):
+    def __init__(self, in_channels, stride, style, residual, upscale_factor):
         super().__init__()
         self.stride = stride
         self.residual = residual
         self.repeats = math.prod(stride) // upscale_factor
         self.conv = LTXVideoCausalConv3d(
-            in_channels, in_channels * math.prod(stride) // upscale_factor, 3, is_causal=is_causal
+            in_channels, in_channels * math.prod(stride) // upscale_factor, 3, style=style
         )
 
     def forward(self, x):
@@ -167,10 +179,10 @@ class LTXVideoUpsampler3d(nn.Module):
         return out
 
 
-def _resnets(channels, count, eps, is_causal, inject_noise=False, timestep_conditioning=False):
+def _resnets(channels, count, eps, style, inject_noise=False, timestep_conditioning=False):
     return nn.ModuleList(
         [
-            LTXVideoResnetBlock3d(channels, channels, eps, is_causal, inject_noise, timestep_conditioning)
+            LTXVideoResnetBlock3d(channels, channels, eps, style, inject_noise, timestep_conditioning)
             for _ in range(count)
         ]
     )
@@ -179,21 +191,21 @@ def _resnets(channels, count, eps, is_causal, inject_noise=False, timestep_condi
 class LTXVideoDownBlock3D(nn.Module):
     """0.9.0's down block (also LTXVideo095DownBlock3D, which has no conv_out and other downsamplers)."""
 
-    def __init__(self, level: DownLevel, eps, is_causal):
+    def __init__(self, level: DownLevel, eps, style):
         super().__init__()
-        self.resnets = _resnets(level.in_channels, level.num_layers, eps, is_causal)
+        self.resnets = _resnets(level.in_channels, level.num_layers, eps, style)
         self.downsamplers = None
         if level.downsample == "conv":
-            conv = LTXVideoCausalConv3d(level.in_channels, level.in_channels, 3, (2, 2, 2), is_causal)
+            conv = LTXVideoCausalConv3d(level.in_channels, level.in_channels, 3, (2, 2, 2), style=style)
             self.downsamplers = nn.ModuleList([conv])
         elif level.downsample is not None:
             downsampler = LTXVideoDownsampler3d(
-                level.in_channels, level.out_channels, STRIDES[level.downsample], is_causal
+                level.in_channels, level.out_channels, STRIDES[level.downsample], style
             )
             self.downsamplers = nn.ModuleList([downsampler])
         self.conv_out = None
         if level.block_type == "LTXVideoDownBlock3D" and level.in_channels != level.out_channels:
-            self.conv_out = LTXVideoResnetBlock3d(level.in_channels, level.out_channels, eps, is_causal)
+            self.conv_out = LTXVideoResnetBlock3d(level.in_channels, level.out_channels, eps, style)
 
     def forward(self, x):
         for resnet in self.resnets:
@@ -204,12 +216,12 @@ class LTXVideoDownBlock3D(nn.Module):
 
 
 class LTXVideoMidBlock3d(nn.Module):
-    def __init__(self, channels, num_layers, eps, is_causal, inject_noise, timestep_conditioning):
+    def __init__(self, channels, num_layers, eps, style, inject_noise, timestep_conditioning):
         super().__init__()
         self.time_embedder = (
             PixArtAlphaCombinedTimestepSizeEmbeddings(4 * channels) if timestep_conditioning else None
         )
-        self.resnets = _resnets(channels, num_layers, eps, is_causal, inject_noise, timestep_conditioning)
+        self.resnets = _resnets(channels, num_layers, eps, style, inject_noise, timestep_conditioning)
 
     def forward(self, x, temb=None, noise=None):
         if self.time_embedder is not None:
@@ -220,26 +232,26 @@ class LTXVideoMidBlock3d(nn.Module):
 
 
 class LTXVideoUpBlock3d(nn.Module):
-    def __init__(self, level: UpLevel, eps, is_causal, timestep_conditioning):
+    def __init__(self, level: UpLevel, eps, style, timestep_conditioning):
         super().__init__()
         self.time_embedder = (
             PixArtAlphaCombinedTimestepSizeEmbeddings(4 * level.in_channels) if timestep_conditioning else None
         )
         self.conv_in = None
         if level.in_channels != level.out_channels:  # never timestep-conditioned nor noisy (config.ensure_supported)
-            self.conv_in = LTXVideoResnetBlock3d(level.in_channels, level.out_channels, eps, is_causal)
+            self.conv_in = LTXVideoResnetBlock3d(level.in_channels, level.out_channels, eps, style)
         self.upsamplers = None
         if level.upsample:
             upsampler = LTXVideoUpsampler3d(
                 level.out_channels * level.upscale_factor,
                 level.upsample,
-                is_causal,
+                style,
                 level.residual,
                 level.upscale_factor,
             )
             self.upsamplers = nn.ModuleList([upsampler])
         self.resnets = _resnets(
-            level.out_channels, level.num_layers, eps, is_causal, level.inject_noise, timestep_conditioning
+            level.out_channels, level.num_layers, eps, style, level.inject_noise, timestep_conditioning
         )
 
     def forward(self, x, temb=None, noise=None):
@@ -257,16 +269,16 @@ class LTXVideoUpBlock3d(nn.Module):
 class LTXVideoEncoder3d(nn.Module):
     def __init__(self, config: LTXVideoVAEConfig):
         super().__init__()
-        causal, eps = config.encoder_causal, config.resnet_norm_eps
+        style, eps = config.conv_style("encoder"), config.resnet_norm_eps
         self.patch = (config.patch_size_t, config.patch_size)
         levels = config.down_levels()
         self.conv_in = LTXVideoCausalConv3d(
-            config.in_channels * config.patch_size**2, config.block_out_channels[0], 3, is_causal=causal
+            config.in_channels * config.patch_size**2, config.encoder_in_width, 3, style=style
         )
-        self.down_blocks = nn.ModuleList([LTXVideoDownBlock3D(level, eps, causal) for level in levels])
+        self.down_blocks = nn.ModuleList([LTXVideoDownBlock3D(level, eps, style) for level in levels])
         width = levels[-1].out_channels
-        self.mid_block = LTXVideoMidBlock3d(width, config.layers_per_block[-1], eps, causal, False, False)
-        self.conv_out = LTXVideoCausalConv3d(width, config.latent_channels + 1, 3, is_causal=causal)
+        self.mid_block = LTXVideoMidBlock3d(width, config.layers_per_block[-1], eps, style, False, False)
+        self.conv_out = LTXVideoCausalConv3d(width, config.latent_channels + 1, 3, style=style)
 
     def forward(self, x, cache=None):
         """A whole clip (no cache) -> moments: the means, then the one log-variance channel repeated."""
@@ -284,18 +296,18 @@ class LTXVideoEncoder3d(nn.Module):
 class LTXVideoDecoder3d(nn.Module):
     def __init__(self, config: LTXVideoVAEConfig):
         super().__init__()
-        causal, eps, conditioned = config.decoder_causal, config.resnet_norm_eps, config.timestep_conditioning
+        style, eps, conditioned = config.conv_style("decoder"), config.resnet_norm_eps, config.timestep_conditioning
         self.patch = (config.patch_size_t, config.patch_size)
         width = config.decoder_width
-        self.conv_in = LTXVideoCausalConv3d(config.latent_channels, width, 3, is_causal=causal)
+        self.conv_in = LTXVideoCausalConv3d(config.latent_channels, width, 3, style=style)
         self.mid_block = LTXVideoMidBlock3d(
-            width, config.mid_layers, eps, causal, config.mid_inject_noise, conditioned
+            width, config.mid_layers, eps, style, config.mid_inject_noise, conditioned
         )
         levels = config.up_levels()
-        self.up_blocks = nn.ModuleList([LTXVideoUpBlock3d(level, eps, causal, conditioned) for level in levels])
+        self.up_blocks = nn.ModuleList([LTXVideoUpBlock3d(level, eps, style, conditioned) for level in levels])
         out_width = levels[-1].out_channels
         self.conv_out = LTXVideoCausalConv3d(
-            out_width, config.out_channels * config.patch_size_t * config.patch_size**2, 3, is_causal=causal
+            out_width, config.out_channels * config.patch_size_t * config.patch_size**2, 3, style=style
         )
         self.time_embedder = self.scale_shift_table = self.timestep_scale_multiplier = None
         if conditioned:
@@ -398,3 +410,8 @@ def _as_tensor(value, like: torch.Tensor) -> torch.Tensor:
     """A number, array or tensor as a tensor of `like`'s dtype and device (a torchax one under torchax)."""
     value = value if isinstance(value, torch.Tensor) else torch.from_numpy(np.asarray(value, np.float32))
     return value.to(dtype=like.dtype, device=like.device)
+
+
+class AutoencoderKLLTX2Video(AutoencoderKLLTXVideo):
+    """diffusers' `AutoencoderKLLTX2Video`: the same model, built from an LTX2VideoVAEConfig (what differs is in the
+    config: encoder widths, upsampler strides, padding, shortcuts)."""

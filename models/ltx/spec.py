@@ -1,30 +1,22 @@
-"""The LTX-Video VAE family (diffusers' `AutoencoderKLLTXVideo`: LTX-Video 0.9.0 to 0.9.8): its config,
-implementations, mapping file, model names and validation shapes and inputs."""
+"""The LTX VAE families, one model for both: LTX-Video (diffusers' `AutoencoderKLLTXVideo`: 0.9.0 to 0.9.8) and
+LTX-2 (`AutoencoderKLLTX2Video`: 2.0, 2.3, 2.5's conv VAE). Their configs, implementations, mapping file, model
+names, validation shapes and inputs."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from ..common.spec import FamilySpec, ModelName
-from .config import LTX_091_CONFIG, LTX_095_CONFIG, LTXVideoVAEConfig
+from .config import LTX2_20_CONFIG, LTX2_23_CONFIG, LTX_091_CONFIG, LTX_095_CONFIG, LTX2VideoVAEConfig, LTXVideoVAEConfig
 
 
-def _flax_model():
-    from .modeling_flax import AutoencoderKLLTXVideo
+def _model(module: str, name: str):
+    def load():
+        from importlib import import_module
 
-    return AutoencoderKLLTXVideo
+        return getattr(import_module(module, __package__), name)
 
-
-def _torch_model():
-    from .modeling_torch import AutoencoderKLLTXVideo
-
-    return AutoencoderKLLTXVideo
-
-
-def _testing():
-    from .testing import TESTING
-
-    return TESTING
+    return load
 
 
 DECODE_TIMESTEP = 0.05  # what LTX pipelines pass as decode_timestep by default
@@ -41,12 +33,20 @@ def _decode_inputs(config: LTXVideoVAEConfig) -> dict:
     return inputs
 
 
+# 2 latent frames of 4 x 4: 9 frames of 128 x 128 at the published ratios
+VALIDATION = dict(
+    validation_latent_shape=lambda c: (1, c.latent_channels, 2, 4, 4),
+    validation_video_shape=lambda c: (1, c.in_channels, 1 + c.temporal_ratio, 4 * c.spatial_ratio, 4 * c.spatial_ratio),
+    validation_decode_inputs=_decode_inputs,
+    recorded_tensors=("latents_mean", "latents_std"),
+)
+
 LTX = FamilySpec(
     name="ltx",
     config_class=LTXVideoVAEConfig,
-    flax_model=_flax_model,
-    torch_model=_torch_model,
-    testing=_testing,
+    flax_model=_model(".modeling_flax", "AutoencoderKLLTXVideo"),
+    torch_model=_model(".modeling_torch", "AutoencoderKLLTXVideo"),
+    testing=_model(".testing", "TESTING"),
     mapping_file="ltx.yaml",
     models=(
         ModelName("ltx-video", "Lightricks/LTX-Video"),
@@ -56,9 +56,20 @@ LTX = FamilySpec(
         ModelName("ltx-video-0.9.7", "Lightricks/LTX-Video-0.9.7-dev", config=LTX_095_CONFIG),
         ModelName("ltx-video-0.9.8", "Lightricks/LTX-Video-0.9.8-dev", config=LTX_095_CONFIG, verified=False),
     ),
-    # 2 latent frames of 4 x 4: 9 frames of 128 x 128 at 0.9.x's ratios
-    validation_latent_shape=lambda c: (1, c.latent_channels, 2, 4, 4),
-    validation_video_shape=lambda c: (1, c.in_channels, 1 + c.temporal_ratio, 4 * c.spatial_ratio, 4 * c.spatial_ratio),
-    validation_decode_inputs=_decode_inputs,
-    recorded_tensors=("latents_mean", "latents_std"),
+    **VALIDATION,
+)
+
+LTX2 = FamilySpec(
+    name="ltx2",
+    config_class=LTX2VideoVAEConfig,
+    flax_model=_model(".modeling_flax", "AutoencoderKLLTX2Video"),
+    torch_model=_model(".modeling_torch", "AutoencoderKLLTX2Video"),
+    testing=_model(".testing", "TESTING_LTX2"),
+    mapping_file="ltx.yaml",
+    models=(
+        ModelName("ltx-2", "Lightricks/LTX-2", config=LTX2_20_CONFIG),
+        ModelName("ltx-2.3", "diffusers/LTX-2.3-Diffusers", config=LTX2_23_CONFIG),
+        ModelName("ltx-2.5", "Lightricks/LTX-2.5-Diffusers", config=LTX2_23_CONFIG, verified=False),
+    ),
+    **VALIDATION,
 )

@@ -71,3 +71,59 @@ TESTING = FamilyTesting(
     export=("default-arch", "ltx-0.9.5"),
     check_configs=(("ltx-video-0.9.1-small", LTX_091_SMALL),),
 )
+
+# LTX-2.0's layout at small widths: widths counted after conv_in, reflect padding in the decoder, no timestep
+LTX2_SMALL = dict(
+    block_out_channels=[16, 32, 64, 128],
+    layers_per_block=[1, 1, 1, 1, 1],
+    decoder_block_out_channels=[16, 32, 64],
+    decoder_layers_per_block=[1, 1, 1, 1],
+    latent_channels=8,
+    decoder_causal=False,
+    spatial_compression_ratio=32,
+    temporal_compression_ratio=8,
+)
+# LTX-2.3's: a temporal-only and a spatial-only upsampler, one without channel upscaling, no residuals, zero padding
+LTX23_SMALL = dict(
+    block_out_channels=[16, 32, 64, 64],
+    layers_per_block=[1, 1, 1, 1, 1],
+    decoder_block_out_channels=[16, 32, 32, 64],
+    decoder_layers_per_block=[1, 1, 1, 1, 1],
+    decoder_spatio_temporal_scaling=[True, True, True, True],
+    decoder_inject_noise=[False, False, False, False, False],
+    upsample_type=["spatiotemporal", "spatiotemporal", "temporal", "spatial"],
+    upsample_residual=[False, False, False, False],
+    upsample_factor=[2, 2, 1, 2],
+    decoder_spatial_padding_mode="zeros",
+    decoder_causal=False,
+    latent_channels=8,
+    spatial_compression_ratio=32,
+    temporal_compression_ratio=8,
+)
+
+# what no published LTX-2 config does: 2x2 patches, one bool for every level's scaling, a non-causal encoder with
+# reflect padding, decoder blocks that change width (plain 1x1x1 shortcuts) and upsamplers without channel upscaling
+LTX2_VARIANT = dict(
+    block_out_channels=[16, 32, 64, 64],
+    layers_per_block=[1, 1, 1, 1, 1],
+    spatio_temporal_scaling=True,
+    decoder_block_out_channels=[16, 32, 64],
+    decoder_layers_per_block=[1, 1, 1, 1],
+    upsample_factor=[1, 1, 1],
+    patch_size=2,
+    encoder_causal=False,
+    encoder_spatial_padding_mode="reflect",
+    latent_channels=8,
+    spatial_compression_ratio=16,
+    temporal_compression_ratio=8,
+)
+
+TESTING_LTX2 = FamilyTesting(
+    small_configs={"default-arch": LTX2_SMALL, "ltx-2.3": LTX23_SMALL, "variant": LTX2_VARIANT},
+    parity_frames=((1, 2, 3), (1, 9, 17)),
+    parity_video_size=64,
+    decode_steps=1,
+    tiling={},
+    meshes={"default-arch": ((1, 8, "auto"),)},
+    export=("ltx-2.3",),
+)
