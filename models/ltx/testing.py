@@ -124,6 +124,6 @@ TESTING_LTX2 = FamilyTesting(
     parity_video_size=64,
     decode_steps=1,
     tiling={},
-    meshes={"default-arch": ((1, 8, "auto"),)},
+    meshes={"default-arch": ((1, 8, "auto"), (2, 4, "explicit"))},  # reflect padding under a width split
     export=("ltx-2.3",),
 )
