@@ -220,27 +220,34 @@ def _calls(impl: str, path: str, latent: list, video: list) -> tuple:
     import converter
     from converter.targets import TARGETS
 
+    from converter.registry import config_from_dict, family_for_class
+    from converter.validate import decode_inputs
+
     rng = np.random.default_rng(0)
     z = rng.standard_normal(latent).astype(np.float32)
     x = rng.uniform(-1, 1, video).astype(np.float32)
+    raw = json.loads((Path(path) / "config.json").read_text())
+    family = family_for_class(raw["_class_name"])
+    inputs = decode_inputs(family, config_from_dict(family, raw))  # LTX's timestep (and noise seed), as validation
     if impl in TARGETS:
         runner = TARGETS[impl].runner(converter.load(path))
-        return (lambda: runner.decode(z)), (lambda: runner.encode(x))
+        return (lambda: runner.decode(z, **inputs)), (lambda: runner.encode(x))
     if impl == "diffusers":
         import diffusers
 
-        config = json.loads((Path(path) / "config.json").read_text())
-        model = getattr(diffusers, config["_class_name"]).from_pretrained(path).eval()
+        model = getattr(diffusers, raw["_class_name"]).from_pretrained(path).eval()
     else:
         model = converter.load(path)
     # eager PyTorch on the GPU where there is one; numpy in and out, as the jitted runners take and give
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device)
     zt, xt = torch.from_numpy(z).to(device), torch.from_numpy(x).to(device)
+    # diffusers draws its noise itself (from torch's global generator): it takes the timestep only
+    conditions = {name: torch.from_numpy(value).to(device) for name, value in inputs.items() if name != "noise"}
 
     def decode():
         with torch.no_grad():
-            model.decode(zt).sample.cpu().numpy()
+            model.decode(zt, **conditions).sample.cpu().numpy()
 
     def encode():
         with torch.no_grad():
@@ -249,9 +256,9 @@ def _calls(impl: str, path: str, latent: list, video: list) -> tuple:
     return decode, encode
 
 
-# The compile-only measurements: a real video (720p, 81 frames, channels-first; smoke: the small model and a small
-# video) in each layout, on 8 simulated devices.
-REAL_VIDEO, SMOKE_VIDEO = (1, 3, 81, 720, 1280), (1, 3, 9, 64, 64)
+# The compile-only measurements: each family's native video (FamilySpec.native_video; smoke: the small model and a
+# small video) in each layout, on 8 simulated devices.
+SMOKE_VIDEO = (1, 3, 9, 64, 64)
 LAYOUTS = {"one device": None, "tiled": None, "mesh (1, 8)": (1, 8), "mesh (2, 4)": (2, 4)}
 SMOKE_LAYOUTS = ("one device", "mesh (1, 8)")
 SIMULATED_DEVICES = 8
@@ -319,6 +326,7 @@ def _compile_layout(model: str, layout: str, smoke: bool) -> dict:
     from converter.models.common import steps_flax
     from converter.registry import config_from_dict, get_model, small_config
     from converter.targets import TARGETS
+    from converter.validate import decode_inputs
 
     entry = get_model(model)
     config = config_from_dict(entry.family, {**entry.config, **(small_config(entry) if smoke else {})})
@@ -326,14 +334,16 @@ def _compile_layout(model: str, layout: str, smoke: bool) -> dict:
     mesh_shape = LAYOUTS[layout]
     mesh = jax.make_mesh(mesh_shape, ("dp", "tp"), devices=jax.devices()[:SIMULATED_DEVICES]) if mesh_shape else None
     batch = mesh_shape[0] if mesh_shape else 1  # a batch "dp" splits
-    _, c, t, h, w = SMOKE_VIDEO if smoke else REAL_VIDEO
+    channels = entry.family.validation_video_shape(config)[1]
+    _, c, t, h, w = SMOKE_VIDEO if smoke else (1, channels, *entry.family.native_video)
     video = jax.ShapeDtypeStruct((batch, t, h, w, c), np.float32)  # channels-last
+    inputs = decode_inputs(entry.family, config)
 
     def run(part, state, x):
         vae = nnx.merge(graphdef, state)
         if layout == "tiled":
             vae.enable_tiling()
-        return vae.encode(x, mesh=mesh)[0] if part == "encoder" else vae.decode(x, mesh=mesh)
+        return vae.encode(x, mesh=mesh)[0] if part == "encoder" else vae.decode(x, mesh=mesh, **inputs)
 
     result = {"batch": batch}
     original = steps_flax.step
@@ -616,12 +626,11 @@ def _size(nbytes: int) -> str:
 
 def compile_table(results: dict) -> list[str]:
     """The compile-only measurements: per model, layout and part, and the split of temporaries over (1, 8)."""
-    video = SMOKE_VIDEO if results["mode"] == "smoke" else REAL_VIDEO
     on_cpu = "JAX backend cpu" in results["device"]
     devices = f"{SIMULATED_DEVICES} simulated CPU devices" if on_cpu else "compiled for the one GPU: no meshes"
     lines = [
         "",
-        f"Compiled, not run: every encode and decode step of a {video[2]}-frame {video[3]}x{video[4]} video "
+        "Compiled, not run: every encode and decode step of each model's native video, the encoder's input "
         f"(Flax, float32; {devices}). Memory is XLA's analysis per device, the "
         "largest over the steps; the cache is the causal cache a step passes on, over all devices.",
         "",

@@ -42,6 +42,8 @@ class FamilySpec:
     # where decode takes latents only
     validation_decode_inputs: Callable | None = None
     clamps_output: bool = False  # whether decode clamps to [-1, 1], as diffusers' model does
+    # (frames, height, width) of the videos its pipelines make: the benchmark's compile-only rows
+    native_video: tuple[int, int, int] = (81, 720, 1280)
     # state_dict entries whose values the manifest records (`tensors`): statistics pipelines read, such as LTX's
     # latents_mean / latents_std buffers
     recorded_tensors: tuple[str, ...] = ()

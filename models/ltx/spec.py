@@ -39,6 +39,7 @@ VALIDATION = dict(
     validation_video_shape=lambda c: (1, c.in_channels, 1 + c.temporal_ratio, 4 * c.spatial_ratio, 4 * c.spatial_ratio),
     validation_decode_inputs=_decode_inputs,
     recorded_tensors=("latents_mean", "latents_std"),
+    native_video=(121, 704, 1216),
 )
 
 LTX = FamilySpec(
