@@ -60,3 +60,5 @@ class FamilyTesting:
     # distinct steps a decode of the longest parity latent compiles (the first chunk and the steady one; LTX, with no
     # cache and no frame tiles by default, decodes in one)
     decode_steps: int = 2
+    # whether the suite converts its first model at full size (test_full_size.py); the benchmark always does
+    full_size: bool = True

@@ -126,4 +126,7 @@ TESTING_LTX2 = FamilyTesting(
     tiling={},
     meshes={"default-arch": ((1, 8, "auto"), (2, 4, "explicit"))},  # reflect padding under a width split
     export=("ltx-2.3",),
+    # LTX-2.0 is 4.9 GB in float32: its model, the reference and the output would not fit beside another worker;
+    # LTX-Video 0.9.0's full-size test runs the same code
+    full_size=False,
 )
