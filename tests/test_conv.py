@@ -22,13 +22,17 @@ CASES = {  # lhs (N, T, H, W, C) or (N, H, W, C), rhs (kT, kH, kW, C, O) or (kH,
     "winograd, rows of a tile past the height": ((1, 5, 2, 9, 2), (3, 3, 3, 2, 4), "winograd_conv"),
     "time taps": ((1, 5, 4, 4, 8), (3, 3, 3, 8, 32), None),
     "tap product": ((1, 4, 3, 2, 16), (3, 3, 3, 16, 32), "tap_matmul"),
+    # an input padded before the convolution (replicate or reflect padding): no padding of its own
+    "winograd, unpadded": ((2, 5, 12, 9, 8), (3, 3, 3, 8, 16), "winograd_conv", ((0, 0), (0, 0))),
+    "winograd, unpadded, odd height": ((1, 5, 11, 10, 8), (3, 3, 3, 8, 16), "winograd_conv", ((0, 0), (0, 0))),
+    "winograd 2D, unpadded": ((3, 13, 10, 8), (3, 3, 8, 16), "winograd_conv", ((0, 0), (0, 0))),
 }
 WIDE = ((1, 3, 40, 40, 1024), (3, 3, 3, 1024, 1024))  # more output positions than channels: not the product
 
 
-def _conv(conv_fn, lhs, rhs):
+def _conv(conv_fn, lhs, rhs, spatial=SPATIAL):
     layout = "NDHWC" if lhs.ndim == 5 else "NHWC"
-    padding = ((0, 0), *SPATIAL) if lhs.ndim == 5 else SPATIAL
+    padding = ((0, 0), *spatial) if lhs.ndim == 5 else spatial
     return conv_fn(lhs, rhs, (1,) * (lhs.ndim - 2), padding, dimension_numbers=(layout, layout[1:-1] + "IO", layout))
 
 
@@ -52,13 +56,13 @@ def _routes_taken(monkeypatch) -> list[str]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_cpu_conv_is_lax_conv(case, monkeypatch):
-    lhs_shape, rhs_shape, route = CASES[case]
+    lhs_shape, rhs_shape, route, *spatial = CASES[case]
     rng = np.random.default_rng(0)
     lhs = rng.standard_normal(lhs_shape).astype(np.float32)
     rhs = rng.standard_normal(rhs_shape).astype(np.float32)
-    expected = np.asarray(_conv(lax.conv_general_dilated, lhs, rhs))
+    expected = np.asarray(_conv(lax.conv_general_dilated, lhs, rhs, *spatial))
     taken = _routes_taken(monkeypatch)
-    got = np.asarray(jax.jit(lambda a, b: _conv(cpu_conv, a, b))(lhs, rhs))
+    got = np.asarray(jax.jit(lambda a, b: _conv(cpu_conv, a, b, *spatial))(lhs, rhs))
     assert taken == ([route] if route else [])
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)

@@ -76,7 +76,7 @@ def cpu_conv(
     if lhs.ndim == 4:  # a 2D convolution: one frame of one time tap
         if not _winograd_fits(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation):
             return xla_conv()
-        return winograd_conv(lhs[:, None], rhs[None], tuple(padding[1]), **plain)[:, 0]
+        return winograd_conv(lhs[:, None], rhs[None], tuple(padding[1]), height_padding=tuple(padding[0]), **plain)[:, 0]
     if (
         rhs.shape[:3] == (1, 1, 1)
         or tuple(padding[0]) != (0, 0)
@@ -95,7 +95,7 @@ def cpu_conv(
     if rhs.size > lhs.size and c * rhs.shape[-1] >= WIDE_LAYER:
         return xla_conv()
     if _winograd_fits(lhs, rhs, window_strides[1:], padding[1:], None, None):
-        return winograd_conv(lhs, rhs, tuple(padding[2]), **plain)
+        return winograd_conv(lhs, rhs, tuple(padding[2]), height_padding=tuple(padding[1]), **plain)
     out = None
     for tap in range(taps):
         window = lhs[:, tap : tap + frames].reshape(n * frames, h, w, c)  # (N*T', H, W, C)
@@ -215,7 +215,8 @@ _TILE = len(_AT)  # output rows per tile
 def _winograd_fits(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation) -> bool:
     """Whether the convolution of lhs (N, T, H, W, C) by rhs (kT, kH, kW, C, O), or of lhs (N, H, W, C) by rhs
     (kH, kW, C, O), with the spatial strides, padding and dilations given, goes through `winograd_conv`: a 3x3
-    window at stride 1 with a row of padding above and below, float32 (its transforms round more than a direct sum,
+    window at stride 1 with a row of zero padding above and below or none (an input padded before, by replication or
+    reflection), float32 (its transforms round more than a direct sum,
     in float32 far below the parity tolerance), and enough output positions for the transforms, the kernel's above
     all, to cost less than the products they save."""
     n, t, h, w, c = lhs.shape if lhs.ndim == 5 else (lhs.shape[0], 1, *lhs.shape[1:])
@@ -224,7 +225,8 @@ def _winograd_fits(lhs, rhs, strides, padding, lhs_dilation, rhs_dilation) -> bo
     return (
         (kh, kw) == (3, 3)
         and tuple(strides) == (1, 1)
-        and tuple(padding[0]) == (1, 1)
+        and tuple(padding[0]) in ((1, 1), (0, 0))
+        and h + sum(padding[0]) > 2
         and _undilated(lhs_dilation, rhs_dilation)
         and lhs.dtype == rhs.dtype == jnp.float32
         and positions >= WINOGRAD_POSITIONS_PER_CHANNEL * max(c, o)
@@ -251,22 +253,27 @@ def _after(kernel, data):
     return lax.bitcast_convert_type(lax.bitcast_convert_type(kernel, jnp.int32) | zero, kernel.dtype)
 
 
-def winograd_conv(lhs, rhs, width_padding=(1, 1), precision=None, preferred_element_type=None):
-    """The convolution of lhs (N, T, H, W, C), time unpadded, by rhs (kT, 3, 3, C, O), at stride 1 with one row of
-    zero padding above and below and `width_padding` columns left and right, through Winograd's F(2, 3) along the
-    height. Tile rows go to the batch, so each of the 4 products is a 2D convolution over (time, width) by a (kT, 3)
+def winograd_conv(
+    lhs, rhs, width_padding=(1, 1), precision=None, preferred_element_type=None, height_padding=(1, 1)
+):
+    """The convolution of lhs (N, T, H, W, C), time unpadded, by rhs (kT, 3, 3, C, O), at stride 1 with
+    `height_padding` rows of zeros above and below (one each, or none) and `width_padding` columns left and right,
+    through Winograd's F(2, 3) along the height. Tile rows go to the batch, so each of the 4 products is a 2D convolution over (time, width) by a (kT, 3)
     window of the transformed kernel: the time taps are its rows."""
     kt, _, _, c, o = rhs.shape
     n, t, h, w, _ = lhs.shape
-    frames, tiles = t - kt + 1, -(-h // _TILE)
+    top = height_padding[0]
+    out_h = h + sum(height_padding) - 2
+    frames, tiles = t - kt + 1, -(-out_h // _TILE)
     kernels_outweigh_input = len(_BT) * kt * 3 * c * o > lhs.size  # the transformed kernels, all 4
 
-    def tile_row(r):  # (N, tiles, T, W, C): row r of every tile, input row 2i + r - 1, zero outside [0, H)
-        first = 1 if r == 0 else 0  # the top padding row is tile 0's row 0
-        count = min(tiles, (h - r) // _TILE + 1) - first
+    def tile_row(r):  # (N, tiles, T, W, C): row r of every tile, input row 2i + r - top, zero outside [0, H)
+        first = 1 if r < top else 0  # the top padding row is tile 0's row 0
+        count = min(tiles, (h - 1 - r + top) // _TILE + 1) - first
         if count <= 0:
             return jnp.zeros((n, tiles, t, w, c), lhs.dtype)
-        rows = lax.slice_in_dim(lhs, _TILE * first + r - 1, _TILE * (first + count - 1) + r, _TILE, axis=2)
+        start = _TILE * first + r - top
+        rows = lax.slice_in_dim(lhs, start, start + _TILE * (count - 1) + 1, _TILE, axis=2)
         rows = jnp.pad(rows, ((0, 0), (0, 0), (first, tiles - first - count), (0, 0), (0, 0)))  # fused with its reader
         return rows.transpose(0, 2, 1, 3, 4)
 
@@ -293,4 +300,4 @@ def winograd_conv(lhs, rhs, width_padding=(1, 1), precision=None, preferred_elem
     products = [product(p) for p in range(len(_BT))]
     out = jnp.stack([_combine(_AT[e], products) for e in range(_TILE)], axis=2)  # (N, tiles, 2, T', W', O)
     out = out.transpose(0, 3, 1, 2, 4, 5).reshape(n, frames, tiles * _TILE, out.shape[-2], o)
-    return out[:, :, :h]
+    return out[:, :, :out_h]
