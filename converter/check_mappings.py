@@ -1,7 +1,7 @@
 """`vae-convert check-mappings`: proves every rule of every mapping file against every registered config and
 target, without weights: the source side is the project's PyTorch model on the meta device (diffusers' names and
 shapes), the target side the target model's abstract state. With --pairings DIR it also proves each source format's
-rules against its pairings file there: every key of the released file becomes exactly the diffusers key listed for it,
+rules against its pairings file there (several folders: the first that has it): every key of the released file becomes exactly the diffusers key listed for it,
 with that key's shape, and every diffusers key is produced."""
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def mapping_files(paths: list[Path]) -> list[Path]:
     return [Path(p) for p in paths] if paths else sorted(mapping.MAPPINGS_DIR.glob("*.yaml"))
 
 
-def check_files(paths: list[Path], only_target: str | None, pairings: Path | None = None) -> list[FileReport]:
+def check_files(paths: list[Path], only_target: str | None, pairings: list[Path] | None = None) -> list[FileReport]:
     reports = []
     for path in mapping_files(paths):
         report = FileReport(str(path))
@@ -97,7 +97,7 @@ def _not_invertible(assignments, source: dict, leaves: dict) -> list[str]:
     return problems
 
 
-def _check_format(rules, fmt, configs, pairings: Path | None) -> FormatReport:
+def _check_format(rules, fmt, configs, pairings: list[Path] | None) -> FormatReport:
     """A format's signature and, against its pairings file, every rule. Diffusers' own layout has no rules: its
     signature keys must be keys of every registered config."""
     if not fmt.renames:
@@ -112,7 +112,8 @@ def _check_format(rules, fmt, configs, pairings: Path | None) -> FormatReport:
         return FormatReport(
             fmt.name, True, None, 0, [], [] if pairings is None else [f"{fmt.where}: no 'pairings' file"]
         )
-    path = Path(pairings) / fmt.pairings
+    found = [Path(folder) / fmt.pairings for folder in pairings if (Path(folder) / fmt.pairings).exists()]
+    path = found[0] if found else Path(pairings[0]) / fmt.pairings  # the first folder's, to name it missing
     try:
         listed = json.loads(path.read_text())["keys"]
     except (OSError, ValueError, KeyError) as e:
@@ -217,7 +218,9 @@ def _proof(f: FormatReport) -> str:
     return f"{f.keys} keys of {Path(f.proven_against).name}" + (" renamed as listed" if f.ok else "")
 
 
-def run(paths: list[Path], only_target: str | None, pairings: Path | None = None) -> tuple[list[FileReport], float]:
+def run(
+    paths: list[Path], only_target: str | None, pairings: list[Path] | None = None
+) -> tuple[list[FileReport], float]:
     started = time.monotonic()
     reports = check_files(paths, only_target, pairings)
     return reports, time.monotonic() - started

@@ -360,8 +360,9 @@ def random_checkpoint(model, out, small, seed):
 @click.option(
     "--pairings",
     type=click.Path(path_type=Path, file_okay=False, exists=True),
+    multiple=True,
     help="Folder of pairings files (every key of an original release with its diffusers key): prove the source "
-    "formats against them.",
+    "formats against them (repeat for several folders).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable result on stdout.")
 def check_mappings(files, target, pairings, as_json):
@@ -374,7 +375,7 @@ def check_mappings(files, target, pairings, as_json):
 
     from converter import check_mappings as checker
 
-    reports, seconds = checker.run(list(files), target, pairings)
+    reports, seconds = checker.run(list(files), target, list(pairings) or None)
     click.echo(
         json.dumps(checker.as_json(reports, seconds), indent=2) if as_json else checker.as_text(reports, seconds)
     )

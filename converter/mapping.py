@@ -34,7 +34,8 @@ from converter.errors import MappingError
 TOP_FIELDS = {"family", "patterns", "targets", "source_formats"}
 RULE_FIELDS = {"name", "match", "to", "lookup", "transpose", "squeeze", "reshape"}
 DROP_FIELDS = {"name", "match"}
-FORMAT_FIELDS = {"about", "model", "pairings", "signature", "container", "lookups", "rules", "drop"}
+FORMAT_FIELDS = {"about", "model", "pairings", "signature", "container", "config", "lookups", "rules", "drop"}
+CONFIG_SOURCES = ("metadata",)  # where a format's files keep their config (`config:`), besides none
 CONTAINER_FIELDS = {"wrapper"}
 LAYOUT_OPS = ("transpose", "squeeze", "reshape")
 MAPPINGS_DIR = Path(str(importlib.resources.files("converter.mappings")))
@@ -72,6 +73,9 @@ class SourceFormat:
     rules: tuple[Rule, ...]  # source key -> diffusers key; empty: the keys are diffusers' already
     drops: tuple[Rule, ...]  # tensors that are no model weights
     where: str
+    # where the files keep their config: "metadata" (the safetensors header's, which the family's spec translates);
+    # None: the model's config applies
+    config_from: str | None = None
 
     @property
     def renames(self) -> bool:
@@ -162,7 +166,10 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
         if table != "__line__"
     }
     rules = tuple(_parse_rule(path, r, patterns, tables) for r in _flattened(raw.get("rules", [])))
-    drops = tuple(_parse_rule(path, r, patterns, fields=DROP_FIELDS) for r in raw.get("drop", []))
+    drops = tuple(_parse_rule(path, r, patterns, fields=DROP_FIELDS) for r in _flattened(raw.get("drop", [])))
+    config = raw.get("config")
+    if config is not None and config not in CONFIG_SOURCES:
+        raise MappingError(f"{where}: 'config' of source format {name!r} must be one of {list(CONFIG_SOURCES)}")
     return SourceFormat(
         name=name,
         about=str(raw.get("about", name)),
@@ -173,6 +180,7 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
         rules=rules,
         drops=drops,
         where=where,
+        config_from=config,
     )
 
 

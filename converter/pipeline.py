@@ -17,6 +17,7 @@ import numpy as np
 
 from converter import enable_compile_cache, mapping, source_formats, sources, validate
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
+from converter.models.common.config import ConfigError
 from converter.output import MANIFEST, OutputFolder, new_manifest, write_json
 from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
 from converter.report import Summary, failure_message, no_progress, record_validation, silent
@@ -181,21 +182,37 @@ def load_family_mapping(req: Request) -> tuple[Path, mapping.Mapping]:
     return path, rules
 
 
-def source_config(req: Request, source: sources.Source, fmt) -> dict:
-    """--config's keys over the model's; else the source's config.json; else (a lone file, or an original release,
-    which has no diffusers config: a config.json beside it belongs to something else) the model's, which also gives
-    the scaling factor and latent statistics."""
+def source_config(req: Request, source: sources.Source, fmt, carried: dict | None) -> dict:
+    """--config's keys over the model's; else the config an original file carries (`carried`, translated by the
+    family); else the source's config.json; else (a lone file, or an original release, which has no diffusers
+    config: a config.json beside it belongs to something else) the model's, which also gives the scaling factor and
+    latent statistics."""
     if req.config_file is not None:
         return {**req.model.config, **sources.read_config(req.config_file)}
+    if carried is not None:
+        return carried
     if source.config is None or fmt.renames:
         return dict(req.model.config)
     return source.config
 
 
-def config_origin(req: Request, source: sources.Source, fmt) -> str:
+def carried_config(family, fmt, weights: sources.SourceWeights, shown: str) -> dict | None:
+    """The diffusers config of an original file whose format keeps its config in the file (`config: metadata`), as
+    the family translates it; None where the format keeps none or the file lacks it."""
+    if fmt.config_from != "metadata" or family.config_from_metadata is None:
+        return None
+    try:
+        return family.config_from_metadata(weights.metadata)
+    except ConfigError as e:
+        raise InputError(f"{shown}: {e}") from None
+
+
+def config_origin(req: Request, source: sources.Source, fmt, carried: dict | None) -> str:
     """Where `source_config` took the config from, for messages."""
     if req.config_file is not None:
         return f"{req.config_file} (over {req.model.name}'s config)"
+    if carried is not None:
+        return "the config in the file's metadata"
     if source.config is None or fmt.renames:
         return f"{req.model.name}'s config"
     return str(source.config_file)
@@ -209,9 +226,10 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     weights = sources.SourceWeights.open(source.weight_files)
     shown = ", ".join(p.name for p in source.weight_files)
     fmt = source_formats.detect(weights, req.model, rules, req.source_format, source.weight_files)
-    raw = source_config(req, source, fmt)
+    carried = carried_config(family, fmt, weights, shown)
+    raw = source_config(req, source, fmt, carried)
     refuse_other_family(req.model, raw)
-    config = config_from_dict(family, raw, config_origin(req, source, fmt))
+    config = config_from_dict(family, raw, config_origin(req, source, fmt, carried))
     refuse_other_variant(req.model, config)
     source_formats.refuse_other_variant(fmt, family, config, req.model)
     dropped = {}

@@ -36,21 +36,23 @@ class SourceWeights:
     _origin: dict[str, str]  # key -> file name
     _release: dict[str, Callable[[], None]]
     wrapper: str | None = None  # the key of the dict a pickle keeps its tensors under (`state_dict`), if any
+    metadata: dict = dataclasses.field(default_factory=dict)  # a safetensors file's header metadata (the first's)
 
     @classmethod
     def open(cls, paths: list[Path]) -> SourceWeights:
-        specs, read, origin, release, wrappers = {}, {}, {}, {}, set()
+        specs, read, origin, release, wrappers, metadata = {}, {}, {}, {}, set(), {}
         for path in paths:
             if path.suffix in PICKLE_SUFFIXES:
                 tensors, wrapper = _pickle_tensors(path)
                 wrappers.add(wrapper)
             else:
-                tensors = _safetensors_tensors(path)
+                tensors, file_metadata = _safetensors_tensors(path)
+                metadata = metadata or file_metadata
             for key, (spec, reader, releaser) in tensors.items():
                 if key in origin:
                     raise InputError(f"tensor {key!r} is in both {origin[key]} and {path.name}")
                 specs[key], read[key], origin[key], release[key] = spec, reader, path.name, releaser
-        return cls(specs, read, origin, release, wrappers.pop() if len(wrappers) == 1 else None)
+        return cls(specs, read, origin, release, wrappers.pop() if len(wrappers) == 1 else None, metadata)
 
     def __getitem__(self, key: str) -> np.ndarray:
         return self._read[key]()
@@ -66,12 +68,13 @@ class SourceWeights:
         return {dtype for _, dtype in self.specs.values() if dtype.kind == "f" or dtype.name == "bfloat16"}
 
 
-def _safetensors_tensors(path: Path) -> dict:
+def _safetensors_tensors(path: Path) -> tuple[dict, dict]:
     f = SafetensorsFile(path)
-    return {
+    tensors = {
         key: (f.specs[key], functools.partial(f.__getitem__, key), functools.partial(f.release, key))
         for key in f.keys()
     }
+    return tensors, f.metadata
 
 
 def _pickle_tensors(path: Path) -> tuple[dict, str | None]:

@@ -42,6 +42,9 @@ class FamilySpec:
     # where decode takes latents only
     validation_decode_inputs: Callable | None = None
     clamps_output: bool = False  # whether decode clamps to [-1, 1], as diffusers' model does
+    # (safetensors header metadata) -> the diffusers config an original file carries, for formats whose files keep
+    # theirs (`config: metadata`); None where the file has none; a ConfigError where it cannot be translated
+    config_from_metadata: Callable | None = None
     # (frames, height, width) of the videos its pipelines make: the benchmark's compile-only rows
     native_video: tuple[int, int, int] = (81, 720, 1280)
     # state_dict entries whose values the manifest records (`tensors`): statistics pipelines read, such as LTX's

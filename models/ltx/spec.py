@@ -42,6 +42,12 @@ VALIDATION = dict(
     native_video=(121, 704, 1216),
 )
 
+def _config_from_metadata(metadata: dict):
+    from .original import config_from_metadata
+
+    return config_from_metadata(metadata)
+
+
 LTX = FamilySpec(
     name="ltx",
     config_class=LTXVideoVAEConfig,
@@ -49,6 +55,7 @@ LTX = FamilySpec(
     torch_model=_model(".modeling_torch", "AutoencoderKLLTXVideo"),
     testing=_model(".testing", "TESTING"),
     mapping_file="ltx.yaml",
+    config_from_metadata=_config_from_metadata,
     models=(
         ModelName("ltx-video", "Lightricks/LTX-Video"),
         ModelName("ltx-video-0.9.0", "diffusers/LTX-Video-0.9.0"),
