@@ -91,7 +91,7 @@ MANIFEST_SCHEMA = {
         "ok": must(bool),
         "checks": must([_CHECK]),
         "preview": {"file": must(str), "max_abs": dict},
-        "decode_inputs": {str: list},
+        "decode_inputs": {str: (list, float)},  # an array's values, or a number (LTX's noise seed)
     },
 }
 

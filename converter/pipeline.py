@@ -65,6 +65,7 @@ class Plan:
     ignored_config_keys: list[str]  # retired keys config.json carries (the pinned diffusers ignores them too)
     source_format: object  # mapping.SourceFormat
     dropped: dict  # drop rule name -> {"tensors", "bytes"}
+    config_origin: str  # where the config came from, in words
 
     def ignored_line(self) -> str | None:
         if not self.ignored_config_keys:
@@ -80,7 +81,7 @@ class Plan:
             f"; dropped {d['tensors']} tensor(s) by rule {name} ({d['bytes'] / 1e6:.1f} MB)"
             for name, d in self.dropped.items()
         )
-        return f"source format: {fmt.name} ({fmt.about}): keys renamed to diffusers'{dropped}"
+        return f"source format: {fmt.name} ({fmt.about}): keys renamed to diffusers', config from {self.config_origin}{dropped}"
 
 
 def dry_run(req: Request) -> str:
@@ -212,7 +213,7 @@ def config_origin(req: Request, source: sources.Source, fmt, carried: dict | Non
     if req.config_file is not None:
         return f"{req.config_file} (over {req.model.name}'s config)"
     if carried is not None:
-        return "the config in the file's metadata"
+        return "the file's metadata"
     if source.config is None or fmt.renames:
         return f"{req.model.name}'s config"
     return str(source.config_file)
@@ -229,7 +230,8 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     carried = carried_config(family, fmt, weights, shown)
     raw = source_config(req, source, fmt, carried)
     refuse_other_family(req.model, raw)
-    config = config_from_dict(family, raw, config_origin(req, source, fmt, carried))
+    origin = config_origin(req, source, fmt, carried)
+    config = config_from_dict(family, raw, origin)
     refuse_other_variant(req.model, config)
     source_formats.refuse_other_variant(fmt, family, config, req.model)
     dropped = {}
@@ -252,7 +254,7 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
             sources.ensure_weights_fit_config(family, diffusers_shapes(family, config), weights)
         raise
     ignored = family.config_class.ignored_fields(raw)
-    return Plan(weights, config, mapping_path, leaf_shapes, assignments, ignored, fmt, dropped)
+    return Plan(weights, config, mapping_path, leaf_shapes, assignments, ignored, fmt, dropped, origin)
 
 
 def convert(req: Request) -> Summary:

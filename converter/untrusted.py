@@ -154,8 +154,8 @@ def _kind(value) -> str:
 def _expected(schema) -> str:
     if isinstance(schema, tuple):
         return " or ".join(_expected(s) for s in schema)
-    if isinstance(schema, (list, dict)) or schema is dict:
-        return "a list" if isinstance(schema, list) else "an object"
+    if isinstance(schema, (list, dict)) or schema in (dict, list):
+        return "a list" if isinstance(schema, list) or schema is list else "an object"
     return {str: "a string", bool: "true/false", int: "a whole number", float: "a number", None: "null"}[schema]
 
 

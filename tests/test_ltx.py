@@ -1,21 +1,31 @@
 """LTX-Video's VAE beyond the generic tests (which take its small configs, frame counts, tiling, mesh and export
 cases from models/ltx/testing.py): 0.9.1's noise injection fed diffusers' own draws, the timestep at two values and
 per batch entry, a non-square size, diffusers' framewise temporal tiles (with spatial tiles inside), the latent
-statistics carried by both targets and recorded in the manifest, and diffusers reading the torchax output."""
+statistics carried by both targets and recorded in the manifest, diffusers reading the torchax output, and
+Lightricks' single files of each layout, their config taken from their metadata."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import diffusers
 import numpy as np
 import pytest
 import torch
+from diffusers.loaders.single_file_utils import convert_ltx_vae_checkpoint_to_diffusers
+from safetensors.torch import load_file, save_file
 
+from converter.models.ltx.config import LTX_091_CONFIG, LTX_095_CONFIG
+from converter.models.ltx.original import ORIGINAL_CONFIGS, diffusers_config
 from converter.models.ltx.testing import LTX_091_SMALL
 from converter.registry import FAMILIES
-from tests.helpers import converted_by_cli, manifest, runner, small
+from tests.helpers import REPO, converted_by_cli, fails, manifest, run_cli, runner, save_diffusers, small
+from tests.original_files import assert_same_tensors, output_tensors
 
 ATOL = 1e-4
 LTX = FAMILIES["ltx"]
+PAIRINGS = REPO / "tests" / "data" / "source-formats"
 TILES = dict(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=32, tile_sample_stride_width=32)
 
 
@@ -179,3 +189,75 @@ def test_diffusers_reads_the_torchax_output(ltx_095):
     loaded = diffusers.AutoencoderKLLTXVideo.from_pretrained(root / "torchax")
     for key, value in reference.state_dict().items():
         torch.testing.assert_close(loaded.state_dict()[key], value, rtol=0, atol=0)
+
+
+# -- Lightricks' single files ----------------------------------------------------------------------------------
+
+
+def _small_original(layout: str) -> dict:
+    """The layout's metadata VAE config (its block lists as released) at small widths."""
+    return {
+        **ORIGINAL_CONFIGS[layout],
+        "latent_channels": 8,
+        "encoder_base_channels": 8,
+        "decoder_base_channels": 8,
+    }
+
+
+def _single_file(layout: str, state: dict, path: Path, vae_config: dict | None) -> Path:
+    """A Lightricks single file: the diffusers state_dict renamed by the layout's pairings under `vae.`, the
+    statistics diffusers drops, a transformer tensor, and the config in the metadata."""
+    keys = json.loads((PAIRINGS / f"ltx-{layout}.json").read_text())["keys"]
+    tensors = {original: state[entry["diffusers"]].clone().contiguous() for original, entry in keys.items()}
+    channels = state["latents_mean"].shape[0]
+    tensors["vae.per_channel_statistics.channel"] = torch.arange(channels, dtype=torch.float32)
+    tensors["vae.per_channel_statistics.mean-of-stds"] = torch.ones(channels)
+    tensors["model.diffusion_model.patchify_proj.weight"] = torch.ones(4, 4)
+    metadata = {} if vae_config is None else {"config": json.dumps({"vae": vae_config, "transformer": {}})}
+    save_file(tensors, path, metadata=metadata)
+    return path
+
+
+def test_metadata_configs_translate_to_diffusers_configs():
+    """The published layouts' metadata configs become the diffusers configs diffusers' own conversion uses."""
+    published = {"0.9.0": {}, "0.9.1": LTX_091_CONFIG, "0.9.5": LTX_095_CONFIG}
+    for layout, expected in published.items():
+        translated = LTX.config_class.from_dict(diffusers_config(ORIGINAL_CONFIGS[layout]))
+        assert translated == LTX.config_class.from_dict(expected), layout
+
+
+@pytest.mark.parametrize("layout", list(ORIGINAL_CONFIGS))
+def test_single_file_converts_to_the_diffusers_checkpoint_s_tensors(layout, tmp_path):
+    """A single file of each layout converts, with the config its metadata carries, to exactly the tensors of the
+    diffusers checkpoint it holds (the conversion of which diffusers' model reads); diffusers' own converter makes
+    that checkpoint from the file (where its layout test, a width of 2048, can tell: 0.9.0 and 0.9.1)."""
+    config = diffusers_config(_small_original(layout))
+    reference = save_diffusers(LTX, tmp_path / "vae", config)
+    original = _single_file(layout, reference.state_dict(), tmp_path / f"ltx-video-{layout}.safetensors", _small_original(layout))
+    if layout != "0.9.5":
+        converted = convert_ltx_vae_checkpoint_to_diffusers(dict(load_file(original)))
+        assert converted.keys() == reference.state_dict().keys()
+        for key, value in reference.state_dict().items():
+            assert torch.equal(converted[key], value), key
+    for target in ("flax", "torchax"):
+        validate = () if target == "flax" else ("--no-validate",)  # the flax run validates against the reference
+        result = run_cli("ltx-video", "--source", original, "--to", target, "--out", tmp_path / target, *validate)
+        assert f"source format: ltx-{layout}" in result.stderr
+        assert "config from the file's metadata; dropped 1 tensor(s) by rule other-models" in result.stderr
+        run_cli("ltx-video", "--source", tmp_path / "vae", "--to", target, "--out", tmp_path / f"{target}-diffusers", "--no-validate")
+        assert_same_tensors(output_tensors(tmp_path / target), output_tensors(tmp_path / f"{target}-diffusers"))
+        assert json.loads((tmp_path / target / "config.json").read_text()) == json.loads(
+            (tmp_path / f"{target}-diffusers" / "config.json").read_text()
+        )
+    assert manifest(tmp_path / "flax")["validation"]["ok"]
+
+
+def test_single_file_with_a_broken_metadata_config_is_refused(tmp_path):
+    config = diffusers_config(_small_original("0.9.0"))
+    state = save_diffusers(LTX, tmp_path / "vae", config).state_dict()
+    broken = _single_file("0.9.0", state, tmp_path / "broken.safetensors", None)
+    save_file(load_file(broken), broken, metadata={"config": "{not json"})
+    fails(["ltx-video", "--source", broken, "--to", "flax", "--out", tmp_path / "out"], 3, "metadata config is not a JSON object", out=tmp_path / "out")
+    odd = {**_small_original("0.9.0"), "norm_layer": "group_norm"}
+    _single_file("0.9.0", state, tmp_path / "odd.safetensors", odd)
+    fails(["ltx-video", "--source", tmp_path / "odd.safetensors", "--to", "flax", "--out", tmp_path / "out"], 3, "norm_layer 'group_norm'", out=tmp_path / "out")

@@ -184,6 +184,8 @@ MANIFEST_DAMAGE = {
     "dtype-a-number": {"dtype": 5},
     "checks-of-strings": {"validation": {"rtol": 1e-4, "ok": True, "checks": ["x"]}},
     "no-source": {"source": None},
+    "decode-inputs-of-strings": {"validation": {"rtol": 1e-4, "ok": True, "checks": [], "decode_inputs": {"t": "x"}}},
+    "tensors-of-strings": {"tensors": {"latents_mean": ["x"]}},
 }
 
 
