@@ -147,6 +147,17 @@ def test_source_formats_proven_against_the_pairings(tmp_path):
     assert unproven.exit_code == 0 and "not proven (pass --pairings DIR)" in unproven.output
 
 
+def test_ltx_single_files_proven_against_the_project_s_pairings():
+    """LTX's pairings live in the project (tests/data/source-formats/), beside the shared ones: check-mappings takes
+    both folders."""
+    own = MAPPINGS_DIR.parent / "tests" / "data" / "source-formats"
+    args = ["check-mappings", str(MAPPINGS_DIR / "ltx.yaml"), "--target", "torchax"]
+    result = CliRunner().invoke(cli, [*args, "--pairings", str(PAIRINGS), "--pairings", str(own)])
+    assert result.exit_code == 0, result.output
+    for layout, keys in (("0.9.0", 190), ("0.9.1", 294), ("0.9.5", 226)):
+        assert f"source format ltx-{layout}: {keys} keys of ltx-{layout}.json renamed as listed" in result.output
+
+
 def test_wrong_lookup_entry_is_caught_by_the_pairings(tmp_path):
     """Two residual blocks of a level swapped in the lookup: their shapes are equal, so only the pairings tell."""
     broken = REAL.replace("{0: 0.resnets.0, 1: 0.resnets.1,", "{0: 0.resnets.1, 1: 0.resnets.0,")
