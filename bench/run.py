@@ -218,9 +218,8 @@ def _calls(impl: str, path: str, latent: list, video: list) -> tuple:
     import torch
 
     import converter
-    from converter.targets import TARGETS
-
     from converter.registry import config_from_dict, family_for_class
+    from converter.targets import TARGETS
     from converter.validate import decode_inputs
 
     rng = np.random.default_rng(0)

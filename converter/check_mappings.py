@@ -1,8 +1,8 @@
 """`vae-convert check-mappings`: proves every rule of every mapping file against every registered config and
 target, without weights: the source side is the project's PyTorch model on the meta device (diffusers' names and
 shapes), the target side the target model's abstract state. With --pairings DIR it also proves each source format's
-rules against its pairings file there (several folders: the first that has it): every key of the released file becomes exactly the diffusers key listed for it,
-with that key's shape, and every diffusers key is produced."""
+rules against its pairings file there (several folders: the first that has it): every key of the released file
+becomes exactly the diffusers key listed for it, with that key's shape, and every diffusers key is produced."""
 
 from __future__ import annotations
 

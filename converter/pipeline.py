@@ -81,7 +81,8 @@ class Plan:
             f"; dropped {d['tensors']} tensor(s) by rule {name} ({d['bytes'] / 1e6:.1f} MB)"
             for name, d in self.dropped.items()
         )
-        return f"source format: {fmt.name} ({fmt.about}): keys renamed to diffusers', config from {self.config_origin}{dropped}"
+        renamed = f"keys renamed to diffusers', config from {self.config_origin}"
+        return f"source format: {fmt.name} ({fmt.about}): {renamed}{dropped}"
 
 
 def dry_run(req: Request) -> str:

@@ -15,7 +15,14 @@ from converter import structure_cache
 from converter.api import COMPILE_CACHE_ENV
 from converter.registry import FAMILIES
 from converter.structure_cache import STRUCTURE_CACHE_ENV
-from tests.helpers import decode_inputs, REPO, compiled_steps, environment_without_compile_cache, run_cli, save_diffusers
+from tests.helpers import (
+    REPO,
+    compiled_steps,
+    decode_inputs,
+    environment_without_compile_cache,
+    run_cli,
+    save_diffusers,
+)
 
 DECODE = """
 import sys, numpy as np, converter

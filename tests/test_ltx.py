@@ -26,7 +26,9 @@ from tests.original_files import assert_same_tensors, output_tensors
 ATOL = 1e-4
 LTX = FAMILIES["ltx"]
 PAIRINGS = REPO / "tests" / "data" / "source-formats"
-TILES = dict(tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=32, tile_sample_stride_width=32)
+TILES = dict(
+    tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=32, tile_sample_stride_width=32
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +77,10 @@ def test_noise_injection_adds_diffusers_draws_as_diffusers_does(ltx_091, monkeyp
     _compare(expected, models, lambda r: r.decode(z.numpy(), temb=np.float32(temb), noise=draws))
     # the noise counts: without it the output moves
     quiet = [np.zeros_like(d) for d in draws]
-    assert np.abs(runner("flax", models["flax"]).decode(z.numpy(), temb=np.float32(temb), noise=quiet) - expected).max() > 100 * ATOL
+    assert (
+        np.abs(runner("flax", models["flax"]).decode(z.numpy(), temb=np.float32(temb), noise=quiet) - expected).max()
+        > 100 * ATOL
+    )
     # by default the PyTorch model draws from torch's global generator as diffusers does: the same maps after the
     # same seed
     torch.manual_seed(7)
@@ -103,7 +108,8 @@ def test_noise_sources(ltx_091):
     key = jax.random.key(0)
     channels_last = z.transpose(0, 2, 3, 4, 1)
     np.testing.assert_array_equal(
-        np.asarray(vae.decode(channels_last, temb=0.1, noise=key)), np.asarray(vae.decode(channels_last, temb=0.1, noise=key))
+        np.asarray(vae.decode(channels_last, temb=0.1, noise=key)),
+        np.asarray(vae.decode(channels_last, temb=0.1, noise=key)),
     )
     with torch.no_grad():
         first = models["torchax"].decode(torch.from_numpy(z), temb=0.1, noise=torch.Generator().manual_seed(1)).sample
@@ -120,7 +126,7 @@ def test_timestep_conditioning_at_two_timesteps_and_per_batch_entry(ltx_095):
     for temb in ([0.05], [0.8]):
         with torch.no_grad():
             expected = reference.decode(z, temb=torch.tensor(temb)).sample.numpy()
-        _compare(expected, models, lambda r: r.decode(z.numpy(), temb=np.float32(temb)))
+        _compare(expected, models, lambda r, t=temb: r.decode(z.numpy(), temb=np.float32(t)))
         outputs.append(expected)
     assert np.abs(outputs[0] - outputs[1]).max() > 100 * ATOL  # the timestep is used
     # a timestep per batch entry
@@ -233,7 +239,9 @@ def test_single_file_converts_to_the_diffusers_checkpoint_s_tensors(layout, tmp_
     that checkpoint from the file (where its layout test, a width of 2048, can tell: 0.9.0 and 0.9.1)."""
     config = diffusers_config(_small_original(layout))
     reference = save_diffusers(LTX, tmp_path / "vae", config)
-    original = _single_file(layout, reference.state_dict(), tmp_path / f"ltx-video-{layout}.safetensors", _small_original(layout))
+    original = _single_file(
+        layout, reference.state_dict(), tmp_path / f"ltx-video-{layout}.safetensors", _small_original(layout)
+    )
     if layout != "0.9.5":
         converted = convert_ltx_vae_checkpoint_to_diffusers(dict(load_file(original)))
         assert converted.keys() == reference.state_dict().keys()
@@ -244,7 +252,16 @@ def test_single_file_converts_to_the_diffusers_checkpoint_s_tensors(layout, tmp_
         result = run_cli("ltx-video", "--source", original, "--to", target, "--out", tmp_path / target, *validate)
         assert f"source format: ltx-{layout}" in result.stderr
         assert "config from the file's metadata; dropped 1 tensor(s) by rule other-models" in result.stderr
-        run_cli("ltx-video", "--source", tmp_path / "vae", "--to", target, "--out", tmp_path / f"{target}-diffusers", "--no-validate")
+        run_cli(
+            "ltx-video",
+            "--source",
+            tmp_path / "vae",
+            "--to",
+            target,
+            "--out",
+            tmp_path / f"{target}-diffusers",
+            "--no-validate",
+        )
         assert_same_tensors(output_tensors(tmp_path / target), output_tensors(tmp_path / f"{target}-diffusers"))
         assert json.loads((tmp_path / target / "config.json").read_text()) == json.loads(
             (tmp_path / f"{target}-diffusers" / "config.json").read_text()
@@ -257,7 +274,17 @@ def test_single_file_with_a_broken_metadata_config_is_refused(tmp_path):
     state = save_diffusers(LTX, tmp_path / "vae", config).state_dict()
     broken = _single_file("0.9.0", state, tmp_path / "broken.safetensors", None)
     save_file(load_file(broken), broken, metadata={"config": "{not json"})
-    fails(["ltx-video", "--source", broken, "--to", "flax", "--out", tmp_path / "out"], 3, "metadata config is not a JSON object", out=tmp_path / "out")
+    fails(
+        ["ltx-video", "--source", broken, "--to", "flax", "--out", tmp_path / "out"],
+        3,
+        "metadata config is not a JSON object",
+        out=tmp_path / "out",
+    )
     odd = {**_small_original("0.9.0"), "norm_layer": "group_norm"}
     _single_file("0.9.0", state, tmp_path / "odd.safetensors", odd)
-    fails(["ltx-video", "--source", tmp_path / "odd.safetensors", "--to", "flax", "--out", tmp_path / "out"], 3, "norm_layer 'group_norm'", out=tmp_path / "out")
+    fails(
+        ["ltx-video", "--source", tmp_path / "odd.safetensors", "--to", "flax", "--out", tmp_path / "out"],
+        3,
+        "norm_layer 'group_norm'",
+        out=tmp_path / "out",
+    )

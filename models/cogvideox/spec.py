@@ -3,34 +3,15 @@ names and validation shapes."""
 
 from __future__ import annotations
 
-from ..common.spec import FamilySpec, ModelName
+from ..common.spec import FamilySpec, ModelName, lazy
 from .config import CogVideoXVAEConfig
-
-
-def _flax_model():
-    from .modeling_flax import AutoencoderKLCogVideoX
-
-    return AutoencoderKLCogVideoX
-
-
-def _torch_model():
-    from .modeling_torch import AutoencoderKLCogVideoX
-
-    return AutoencoderKLCogVideoX
-
-
-def _testing():
-    from .testing import TESTING
-
-    return TESTING
-
 
 COGVIDEOX = FamilySpec(
     name="cogvideox",
     config_class=CogVideoXVAEConfig,
-    flax_model=_flax_model,
-    torch_model=_torch_model,
-    testing=_testing,
+    flax_model=lazy(__package__, ".modeling_flax", "AutoencoderKLCogVideoX"),
+    torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKLCogVideoX"),
+    testing=lazy(__package__, ".testing", "TESTING"),
     mapping_file="cogvideox.yaml",
     # The three CogVideoX VAEs share an architecture; they differ in how the pipeline scales latents.
     models=(

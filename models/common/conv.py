@@ -76,7 +76,9 @@ def cpu_conv(
     if lhs.ndim == 4:  # a 2D convolution: one frame of one time tap
         if not _winograd_fits(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation):
             return xla_conv()
-        return winograd_conv(lhs[:, None], rhs[None], tuple(padding[1]), height_padding=tuple(padding[0]), **plain)[:, 0]
+        return winograd_conv(lhs[:, None], rhs[None], tuple(padding[1]), height_padding=tuple(padding[0]), **plain)[
+            :, 0
+        ]
     if (
         rhs.shape[:3] == (1, 1, 1)
         or tuple(padding[0]) != (0, 0)
@@ -253,13 +255,11 @@ def _after(kernel, data):
     return lax.bitcast_convert_type(lax.bitcast_convert_type(kernel, jnp.int32) | zero, kernel.dtype)
 
 
-def winograd_conv(
-    lhs, rhs, width_padding=(1, 1), precision=None, preferred_element_type=None, height_padding=(1, 1)
-):
+def winograd_conv(lhs, rhs, width_padding=(1, 1), precision=None, preferred_element_type=None, height_padding=(1, 1)):
     """The convolution of lhs (N, T, H, W, C), time unpadded, by rhs (kT, 3, 3, C, O), at stride 1 with
     `height_padding` rows of zeros above and below (one each, or none) and `width_padding` columns left and right,
-    through Winograd's F(2, 3) along the height. Tile rows go to the batch, so each of the 4 products is a 2D convolution over (time, width) by a (kT, 3)
-    window of the transformed kernel: the time taps are its rows."""
+    through Winograd's F(2, 3) along the height. Tile rows go to the batch, so each of the 4 products is a 2D
+    convolution over (time, width) by a (kT, 3) window of the transformed kernel: the time taps are its rows."""
     kt, _, _, c, o = rhs.shape
     n, t, h, w, _ = lhs.shape
     top = height_padding[0]

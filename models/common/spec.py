@@ -4,10 +4,21 @@ kept beside its implementations. converter/registry.py lists the families; nothi
 from __future__ import annotations
 
 import dataclasses
+import importlib
 from collections.abc import Callable
 
 from .config import DiffusersConfig
 from .testing import FamilyTesting
+
+
+def lazy(package: str, module: str, name: str) -> Callable[[], object]:
+    """A loader of `name` from `module` (relative to `package`), importing it only when called: a spec names its
+    implementations and test data without importing Flax, PyTorch or the model code."""
+
+    def load():
+        return getattr(importlib.import_module(module, package), name)
+
+    return load
 
 
 @dataclasses.dataclass(frozen=True)

@@ -37,8 +37,9 @@ def step(part, mesh, model, x, cache, inputs):
 def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], mesh=None, inputs=None):
     """x (B, T, H, W, C) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache carried
     from one to the next, `inputs` (keyword arrays, such as a per-batch timestep) given to every chunk of every tile
-    (or a function of the tile's input that returns them, for inputs drawn per tile such as noise maps); tile by tile when the model's tiling is on. With a mesh ("dp", "tp"), batch and width are
-    split over it (models/common/sharding.py)."""
+    (or a function of the tile's input that returns them, for inputs drawn per tile such as noise maps); tile by
+    tile when the model's tiling is on. With a mesh ("dp", "tp"), batch and width are split over it
+    (models/common/sharding.py)."""
     mesh = auto_axes(mesh)
     placed, x = replicate(model, mesh), shard_activations(x, mesh)
 

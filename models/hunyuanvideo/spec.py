@@ -3,34 +3,15 @@ model names and validation shapes."""
 
 from __future__ import annotations
 
-from ..common.spec import FamilySpec, ModelName
+from ..common.spec import FamilySpec, ModelName, lazy
 from .config import HunyuanVideoVAEConfig
-
-
-def _flax_model():
-    from .modeling_flax import AutoencoderKLHunyuanVideo
-
-    return AutoencoderKLHunyuanVideo
-
-
-def _torch_model():
-    from .modeling_torch import AutoencoderKLHunyuanVideo
-
-    return AutoencoderKLHunyuanVideo
-
-
-def _testing():
-    from .testing import TESTING
-
-    return TESTING
-
 
 HUNYUANVIDEO = FamilySpec(
     name="hunyuanvideo",
     config_class=HunyuanVideoVAEConfig,
-    flax_model=_flax_model,
-    torch_model=_torch_model,
-    testing=_testing,
+    flax_model=lazy(__package__, ".modeling_flax", "AutoencoderKLHunyuanVideo"),
+    torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKLHunyuanVideo"),
+    testing=lazy(__package__, ".testing", "TESTING"),
     mapping_file="hunyuanvideo.yaml",
     # the repos whose vae/ holds this VAE (the I2V model and the pipelines built on it reuse the T2V one's)
     models=(

@@ -185,7 +185,9 @@ class LTXVideoVAEConfig(DiffusersConfig):
                 raise ConfigError("config.json: upsample_factor must divide the upsampler's stride product")
             if level.in_channels != level.out_channels and level.inject_noise:
                 # its conv_in's noise scales are as wide as its input, the noise is added to its output
-                raise ConfigError("config.json: decoder_inject_noise on decoder blocks that change width fails in diffusers")
+                raise ConfigError(
+                    "config.json: decoder_inject_noise on decoder blocks that change width fails in diffusers"
+                )
             if level.in_channels != level.out_channels and self.timestep_conditioning:
                 # diffusers hands such a block's conv_in the raw timestep, which it cannot unflatten
                 raise ConfigError(

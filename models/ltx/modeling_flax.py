@@ -56,7 +56,9 @@ class LTXVideoCausalConv3d(nnx.Module):
     """Conv3d padded in time by repeating edge frames and in space with zeros (the conv's own padding) or by
     reflection, as `style` says (config.ConvStyle)."""
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=(1, 1, 1), *, style: ConvStyle, rngs, param_dtype):
+    def __init__(
+        self, in_channels, out_channels, kernel_size, stride=(1, 1, 1), *, style: ConvStyle, rngs, param_dtype
+    ):
         self.kernel_size = kernel_size
         self.causal = style.causal
         self.reflect = style.padding == "reflect" and kernel_size > 1
@@ -128,7 +130,12 @@ class LTXVideoResnetBlock3d(nnx.Module):
             self.conv_shortcut = None
         elif style.plain_shortcut:
             self.conv_shortcut = nnx.Conv(
-                in_channels, out_channels, (1, 1, 1), kernel_init=nnx.initializers.zeros, conv_general_dilated=cpu_conv, **kw
+                in_channels,
+                out_channels,
+                (1, 1, 1),
+                kernel_init=nnx.initializers.zeros,
+                conv_general_dilated=cpu_conv,
+                **kw,
             )
         else:
             self.conv_shortcut = LTXVideoCausalConv3d(in_channels, out_channels, 1, style=style, **kw)

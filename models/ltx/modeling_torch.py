@@ -167,9 +167,7 @@ class LTXVideoUpsampler3d(nn.Module):
         self.stride = stride
         self.residual = residual
         self.repeats = math.prod(stride) // upscale_factor
-        self.conv = LTXVideoCausalConv3d(
-            in_channels, in_channels * math.prod(stride) // upscale_factor, 3, style=style
-        )
+        self.conv = LTXVideoCausalConv3d(in_channels, in_channels * math.prod(stride) // upscale_factor, 3, style=style)
 
     def forward(self, x):
         drop = self.stride[0] - 1
@@ -199,9 +197,7 @@ class LTXVideoDownBlock3D(nn.Module):
             conv = LTXVideoCausalConv3d(level.in_channels, level.in_channels, 3, (2, 2, 2), style=style)
             self.downsamplers = nn.ModuleList([conv])
         elif level.downsample is not None:
-            downsampler = LTXVideoDownsampler3d(
-                level.in_channels, level.out_channels, STRIDES[level.downsample], style
-            )
+            downsampler = LTXVideoDownsampler3d(level.in_channels, level.out_channels, STRIDES[level.downsample], style)
             self.downsamplers = nn.ModuleList([downsampler])
         self.conv_out = None
         if level.block_type == "LTXVideoDownBlock3D" and level.in_channels != level.out_channels:
@@ -218,9 +214,7 @@ class LTXVideoDownBlock3D(nn.Module):
 class LTXVideoMidBlock3d(nn.Module):
     def __init__(self, channels, num_layers, eps, style, inject_noise, timestep_conditioning):
         super().__init__()
-        self.time_embedder = (
-            PixArtAlphaCombinedTimestepSizeEmbeddings(4 * channels) if timestep_conditioning else None
-        )
+        self.time_embedder = PixArtAlphaCombinedTimestepSizeEmbeddings(4 * channels) if timestep_conditioning else None
         self.resnets = _resnets(channels, num_layers, eps, style, inject_noise, timestep_conditioning)
 
     def forward(self, x, temb=None, noise=None):
@@ -300,9 +294,7 @@ class LTXVideoDecoder3d(nn.Module):
         self.patch = (config.patch_size_t, config.patch_size)
         width = config.decoder_width
         self.conv_in = LTXVideoCausalConv3d(config.latent_channels, width, 3, style=style)
-        self.mid_block = LTXVideoMidBlock3d(
-            width, config.mid_layers, eps, style, config.mid_inject_noise, conditioned
-        )
+        self.mid_block = LTXVideoMidBlock3d(width, config.mid_layers, eps, style, config.mid_inject_noise, conditioned)
         levels = config.up_levels()
         self.up_blocks = nn.ModuleList([LTXVideoUpBlock3d(level, eps, style, conditioned) for level in levels])
         out_width = levels[-1].out_channels

@@ -21,7 +21,8 @@ def noise_maps(config: LTXVideoVAEConfig, source, draw: Callable, as_array: Call
     """-> (latent window (height, width)) -> the tuple of maps one decoder call adds.
 
     source: a sequence of maps (used as they are, for a single decoder call), an integer seed (0-d arrays too) or a
-    NumPy generator, or anything else, which `draw(shapes, call)` turns into maps for the `call`-th decoder call of this decode.
+    NumPy generator, or anything else, which `draw(shapes, call)` turns into maps for the `call`-th decoder call of
+    this decode.
     as_array(a numpy or the framework's array) -> the framework's array."""
     calls = iter(range(1 << 30))
     if isinstance(source, Sequence):

@@ -38,16 +38,30 @@ ORIGINAL_CONFIGS = {
     "0.9.0": {
         **_COMMON,
         "blocks": [
-            ["res_x", 4], ["compress_all", 1], ["res_x_y", 1], ["res_x", 3], ["compress_all", 1], ["res_x_y", 1],
-            ["res_x", 3], ["compress_all", 1], ["res_x", 3], ["res_x", 4],
+            ["res_x", 4],
+            ["compress_all", 1],
+            ["res_x_y", 1],
+            ["res_x", 3],
+            ["compress_all", 1],
+            ["res_x_y", 1],
+            ["res_x", 3],
+            ["compress_all", 1],
+            ["res_x", 3],
+            ["res_x", 4],
         ],
     },
     "0.9.1": {
         **_COMMON,
         "encoder_blocks": [
-            ["res_x", {"num_layers": 4}], ["compress_all", {}], ["res_x_y", {"multiplier": 2}],
-            ["res_x", {"num_layers": 3}], ["compress_all", {}], ["res_x_y", {"multiplier": 2}],
-            ["res_x", {"num_layers": 3}], ["compress_all", {}], ["res_x", {"num_layers": 3}],
+            ["res_x", {"num_layers": 4}],
+            ["compress_all", {}],
+            ["res_x_y", {"multiplier": 2}],
+            ["res_x", {"num_layers": 3}],
+            ["compress_all", {}],
+            ["res_x_y", {"multiplier": 2}],
+            ["res_x", {"num_layers": 3}],
+            ["compress_all", {}],
+            ["res_x", {"num_layers": 3}],
             ["res_x", {"num_layers": 4}],
         ],
         "decoder_blocks": [
@@ -64,10 +78,14 @@ ORIGINAL_CONFIGS = {
     "0.9.5": {
         **_COMMON,
         "encoder_blocks": [
-            ["res_x", {"num_layers": 4}], ["compress_space_res", {"multiplier": 2}],
-            ["res_x", {"num_layers": 6}], ["compress_time_res", {"multiplier": 2}],
-            ["res_x", {"num_layers": 6}], ["compress_all_res", {"multiplier": 2}],
-            ["res_x", {"num_layers": 2}], ["compress_all_res", {"multiplier": 2}],
+            ["res_x", {"num_layers": 4}],
+            ["compress_space_res", {"multiplier": 2}],
+            ["res_x", {"num_layers": 6}],
+            ["compress_time_res", {"multiplier": 2}],
+            ["res_x", {"num_layers": 6}],
+            ["compress_all_res", {"multiplier": 2}],
+            ["res_x", {"num_layers": 2}],
+            ["compress_all_res", {"multiplier": 2}],
             ["res_x", {"num_layers": 2}],
         ],
         "decoder_blocks": [
@@ -84,7 +102,11 @@ ORIGINAL_CONFIGS = {
     },
 }
 
-_SPACE_TO_DEPTH = {"compress_space_res": "spatial", "compress_time_res": "temporal", "compress_all_res": "spatiotemporal"}
+_SPACE_TO_DEPTH = {
+    "compress_space_res": "spatial",
+    "compress_time_res": "temporal",
+    "compress_all_res": "spatiotemporal",
+}
 
 
 def _blocks(config: dict, key: str) -> list[tuple[str, dict]]:
@@ -105,7 +127,9 @@ def _levels(blocks: list[tuple[str, dict]], side: str) -> list[tuple[dict, list[
     """(res_x params, the blocks after it up to the next res_x), in order; the last has none after it (mid block or
     last level)."""
     if blocks[0][0] != "res_x":
-        raise ConfigError(f"the {side} blocks in the file's metadata do not start with res_x: no diffusers layout has that")
+        raise ConfigError(
+            f"the {side} blocks in the file's metadata do not start with res_x: no diffusers layout has that"
+        )
     levels = []
     for name, params in blocks:
         if name == "res_x":
@@ -120,11 +144,15 @@ def _encoder(config: dict) -> dict:
     levels = _levels(_blocks(config, "encoder_blocks"), "encoder")
     *down, (mid, after) = levels
     if after:
-        raise ConfigError("the encoder blocks in the file's metadata end in a downsampler: no diffusers layout has that")
+        raise ConfigError(
+            "the encoder blocks in the file's metadata end in a downsampler: no diffusers layout has that"
+        )
     kinds = {name for _, extra in down for name, _ in extra}
     space_to_depth = bool(kinds & set(_SPACE_TO_DEPTH))
     if space_to_depth and kinds - set(_SPACE_TO_DEPTH) or not kinds <= {"compress_all", "res_x_y", *_SPACE_TO_DEPTH}:
-        raise ConfigError(f"the encoder blocks in the file's metadata mix {sorted(kinds)}: no diffusers layout has that")
+        raise ConfigError(
+            f"the encoder blocks in the file's metadata mix {sorted(kinds)}: no diffusers layout has that"
+        )
     channels, layers, scaling, downsample = [width], [], [], []
     for params, extra in down:
         layers.append(params["num_layers"])
@@ -160,7 +188,9 @@ def _encoder(config: dict) -> dict:
     else:
         # diffusers' 0.9.0 levels: the width each level runs at; its last level cannot change the width
         if channels[-1] != channels[-2]:
-            raise ConfigError("the last encoder level in the file's metadata changes the width: no diffusers layout has that")
+            raise ConfigError(
+                "the last encoder level in the file's metadata changes the width: no diffusers layout has that"
+            )
         out.update(block_out_channels=channels[:-1], down_block_types=["LTXVideoDownBlock3D"] * len(down))
     return out
 
@@ -175,14 +205,23 @@ def _decoder(config: dict) -> dict:
         groups.append((pending, params))
         pending = extra
     if pending:
-        raise ConfigError("the decoder blocks in the file's metadata start with an upsampler: no diffusers layout has that")
+        raise ConfigError(
+            "the decoder blocks in the file's metadata start with an upsampler: no diffusers layout has that"
+        )
     width = config.get("decoder_base_channels", 128)
     for name, params in blocks:
         if name == "res_x_y":
             width *= params.get("multiplier", 2)
         elif name.startswith("compress"):
             width *= params.get("multiplier", 1)
-    channels, layers, scaling, residual, factor, noise = [], [mid["num_layers"]], [], [], [], [mid.get("inject_noise", False)]
+    channels, layers, scaling, residual, factor, noise = (
+        [],
+        [mid["num_layers"]],
+        [],
+        [],
+        [],
+        [mid.get("inject_noise", False)],
+    )
     for before, params in groups:
         names = [name for name, _ in before]
         if names not in ([], ["compress_all"], ["res_x_y"], ["res_x_y", "compress_all"]):
@@ -219,7 +258,10 @@ def diffusers_config(original: dict) -> dict:
     diffusers equivalent."""
     for key, supported in (("norm_layer", "pixel_norm"), ("latent_log_var", "uniform"), ("use_quant_conv", False)):
         if original.get(key, supported) != supported:
-            raise ConfigError(f"the VAE config in the file's metadata has {key} {original[key]!r}: diffusers' class takes {supported!r} only")
+            raise ConfigError(
+                f"the VAE config in the file's metadata has {key} {original[key]!r}: diffusers' class takes "
+                f"{supported!r} only"
+            )
     if original.get("dims", 3) != 3:
         raise ConfigError("the VAE config in the file's metadata is not a video (3-d) VAE")
     return {

@@ -6,18 +6,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..common.spec import FamilySpec, ModelName
-from .config import LTX2_20_CONFIG, LTX2_23_CONFIG, LTX_091_CONFIG, LTX_095_CONFIG, LTX2VideoVAEConfig, LTXVideoVAEConfig
-
-
-def _model(module: str, name: str):
-    def load():
-        from importlib import import_module
-
-        return getattr(import_module(module, __package__), name)
-
-    return load
-
+from ..common.spec import FamilySpec, ModelName, lazy
+from .config import (
+    LTX2_20_CONFIG,
+    LTX2_23_CONFIG,
+    LTX_091_CONFIG,
+    LTX_095_CONFIG,
+    LTX2VideoVAEConfig,
+    LTXVideoVAEConfig,
+)
 
 DECODE_TIMESTEP = 0.05  # what LTX pipelines pass as decode_timestep by default
 
@@ -42,6 +39,7 @@ VALIDATION = dict(
     native_video=(121, 704, 1216),
 )
 
+
 def _config_from_metadata(metadata: dict):
     from .original import config_from_metadata
 
@@ -51,9 +49,9 @@ def _config_from_metadata(metadata: dict):
 LTX = FamilySpec(
     name="ltx",
     config_class=LTXVideoVAEConfig,
-    flax_model=_model(".modeling_flax", "AutoencoderKLLTXVideo"),
-    torch_model=_model(".modeling_torch", "AutoencoderKLLTXVideo"),
-    testing=_model(".testing", "TESTING"),
+    flax_model=lazy(__package__, ".modeling_flax", "AutoencoderKLLTXVideo"),
+    torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKLLTXVideo"),
+    testing=lazy(__package__, ".testing", "TESTING"),
     mapping_file="ltx.yaml",
     config_from_metadata=_config_from_metadata,
     models=(
@@ -70,9 +68,9 @@ LTX = FamilySpec(
 LTX2 = FamilySpec(
     name="ltx2",
     config_class=LTX2VideoVAEConfig,
-    flax_model=_model(".modeling_flax", "AutoencoderKLLTX2Video"),
-    torch_model=_model(".modeling_torch", "AutoencoderKLLTX2Video"),
-    testing=_model(".testing", "TESTING_LTX2"),
+    flax_model=lazy(__package__, ".modeling_flax", "AutoencoderKLLTX2Video"),
+    torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKLLTX2Video"),
+    testing=lazy(__package__, ".testing", "TESTING_LTX2"),
     mapping_file="ltx.yaml",
     models=(
         ModelName("ltx-2", "Lightricks/LTX-2", config=LTX2_20_CONFIG),

@@ -3,34 +3,15 @@ config and model names."""
 
 from __future__ import annotations
 
-from ..common.spec import FamilySpec, ModelName
+from ..common.spec import FamilySpec, ModelName, lazy
 from .config import QwenImageVAEConfig
-
-
-def _flax_model():
-    from .modeling_flax import AutoencoderKLQwenImage
-
-    return AutoencoderKLQwenImage
-
-
-def _torch_model():
-    from .modeling_torch import AutoencoderKLQwenImage
-
-    return AutoencoderKLQwenImage
-
-
-def _testing():
-    from .testing import TESTING
-
-    return TESTING
-
 
 QWENIMAGE = FamilySpec(
     name="qwenimage",
     config_class=QwenImageVAEConfig,
-    flax_model=_flax_model,
-    torch_model=_torch_model,
-    testing=_testing,
+    flax_model=lazy(__package__, ".modeling_flax", "AutoencoderKLQwenImage"),
+    torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKLQwenImage"),
+    testing=lazy(__package__, ".testing", "TESTING"),
     mapping_file="wan.yaml",  # the same keys and layouts as AutoencoderKLWan's
     models=(
         ModelName("qwen-image", "Qwen/Qwen-Image"),

@@ -3,34 +3,15 @@ validation shapes."""
 
 from __future__ import annotations
 
-from ..common.spec import FamilySpec, ModelName
+from ..common.spec import FamilySpec, ModelName, lazy
 from .config import WAN22_CONFIG, WanVAEConfig
-
-
-def _flax_model():
-    from .modeling_flax import AutoencoderKLWan
-
-    return AutoencoderKLWan
-
-
-def _torch_model():
-    from .modeling_torch import AutoencoderKLWan
-
-    return AutoencoderKLWan
-
-
-def _testing():
-    from .testing import TESTING
-
-    return TESTING
-
 
 WAN = FamilySpec(
     name="wan",
     config_class=WanVAEConfig,
-    flax_model=_flax_model,
-    torch_model=_torch_model,
-    testing=_testing,
+    flax_model=lazy(__package__, ".modeling_flax", "AutoencoderKLWan"),
+    torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKLWan"),
+    testing=lazy(__package__, ".testing", "TESTING"),
     mapping_file="wan.yaml",
     # Every Wan diffusers repo that ships a VAE: the Wan 2.1 models and Wan 2.2's A14B models carry the Wan 2.1 VAE,
     # Wan 2.2 TI2V-5B its own. Repo ids were checked against public Hub pages where one was found.

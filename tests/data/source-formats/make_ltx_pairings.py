@@ -34,7 +34,7 @@ def pairing(layout: str) -> dict:
     keys = {original_of[id(v)]: k for k, v in converted.items()}
     return {
         "file": f"LTX-Video {layout} single file: the VAE's keys (vae.*) among the transformer's",
-        "model_code": "ltx-video (PyPI) ltx_video/models/autoencoders/causal_video_autoencoder.py, CausalVideoAutoencoder",
+        "model_code": "ltx-video (PyPI): ltx_video/models/autoencoders/causal_video_autoencoder.py",
         "pairing": "diffusers.loaders.single_file_utils.convert_ltx_vae_checkpoint_to_diffusers",
         "original_config": config,
         "diffusers_config": diffusers_config(config),
