@@ -12,7 +12,7 @@ from flax import nnx
 
 from .conv import STEP_COMPILER_OPTIONS
 from .sharding import auto_axes, constrain_activations, replicate, shard_activations
-from .tiling import run_tiled
+from .tiling import run_framewise, run_tiled
 
 
 # The model goes into the jitted step as it is: NNX modules are pytrees, which JAX flattens in a few milliseconds a
@@ -57,4 +57,27 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], m
         h_axis=2,
         concat=jnp.concatenate,
         as_array=lambda values, like: jnp.asarray(values, like.dtype),
+    )
+
+
+def run_clip(model, part: str, x, out_frames: int, framewise: bool, mesh=None, inputs=None, drop_last=False):
+    """x (B, T, H, W, C) through `part` whole (families with no causal cache), or, with `framewise` and more frames
+    than one temporal tile, in diffusers' overlapping temporal tiles (the model's `tiling_class().frame_tiles`; later
+    tiles drop their first output frame, their last with `drop_last`); spatial tiles inside as run_chunks makes them."""
+
+    def run(clip):
+        return run_chunks(model, part, clip, [(0, clip.shape[1])], mesh, inputs)
+
+    tiles = (model.tiling or model.tiling_class()).frame_tiles(model.config, part)
+    if not framewise or x.shape[1] < tiles[0]:
+        return run(x)
+    return run_framewise(
+        run,
+        x,
+        tiles,
+        out_frames,
+        t_axis=1,
+        concat=jnp.concatenate,
+        as_array=lambda values, like: jnp.asarray(values, like.dtype),
+        drop_last=drop_last,
     )

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .tiling import TilingMixin, run_tiled
+from .tiling import TilingMixin, run_framewise, run_tiled
 
 
 class ChunkedAutoencoder(TilingMixin, nn.Module):
@@ -48,4 +48,25 @@ class ChunkedAutoencoder(TilingMixin, nn.Module):
             h_axis=3,
             concat=torch.cat,
             as_array=lambda values, like: torch.as_tensor(values, dtype=like.dtype, device=like.device),
+        )
+
+    def run_clip(self, part: str, x, out_frames: int, framewise: bool, step=None, inputs=None, drop_last=False):
+        """x (B, C, T, H, W) through `part` whole (families with no causal cache), or, with `framewise` and more
+        frames than one temporal tile, in diffusers' overlapping temporal tiles (steps_flax.run_clip)."""
+
+        def run(clip):
+            return self.run_chunks(part, clip, [(0, clip.shape[2])], step, inputs)
+
+        tiles = (self.tiling or self.tiling_class()).frame_tiles(self.config, part)
+        if not framewise or x.shape[2] < tiles[0]:
+            return run(x)
+        return run_framewise(
+            run,
+            x,
+            tiles,
+            out_frames,
+            t_axis=2,
+            concat=torch.cat,
+            as_array=lambda values, like: torch.as_tensor(values, dtype=like.dtype, device=like.device),
+            drop_last=drop_last,
         )

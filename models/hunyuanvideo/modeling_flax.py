@@ -21,8 +21,8 @@ from flax import nnx
 from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
 from ..common.layers_flax import GroupNorm
-from ..common.steps_flax import run_chunks
-from ..common.tiling import TilingMixin, run_framewise
+from ..common.steps_flax import run_clip
+from ..common.tiling import TilingMixin
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
 
 ATTENTION_BLOCK = 1024  # tokens per query and key block of the mid-block attention
@@ -275,28 +275,11 @@ class AutoencoderKLHunyuanVideo(TilingMixin, nnx.Module):
         self.use_framewise_encoding = True
         self.use_framewise_decoding = True
 
-    def _run(self, part: str, x, out_frames: int, framewise: bool, mesh):
-        def run(clip):
-            return run_chunks(self, part, clip, [(0, clip.shape[1])], mesh)
-
-        tiles = (self.tiling or self.tiling_class()).frame_tiles(self.config, part)
-        if framewise and x.shape[1] >= tiles[0]:
-            return run_framewise(
-                run,
-                x,
-                tiles,
-                out_frames,
-                t_axis=1,
-                concat=jnp.concatenate,
-                as_array=lambda values, like: jnp.asarray(values, like.dtype),
-            )
-        return run(x)
-
     def encode(self, x, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)//4, H/8, W/8, latent_channels)."""
         expect_video(x, self.config.in_channels, channels_last=True, what="encode")
         frames = (x.shape[1] - 1) // self.config.temporal_compression_ratio + 1
-        moments = self._run("encoder", x, frames, self.use_framewise_encoding, mesh)
+        moments = run_clip(self, "encoder", x, frames, self.use_framewise_encoding, mesh)
         mean, logvar = jnp.split(moments, 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
@@ -304,4 +287,4 @@ class AutoencoderKLHunyuanVideo(TilingMixin, nnx.Module):
         """(B, T, H, W, latent_channels) latents -> (B, 1 + 4*(T-1), 8H, 8W, C) video (unclamped, as diffusers)."""
         expect_video(z, self.config.latent_channels, channels_last=True, what="decode")
         frames = (z.shape[1] - 1) * self.config.temporal_compression_ratio + 1
-        return self._run("decoder", z, frames, self.use_framewise_decoding, mesh)
+        return run_clip(self, "decoder", z, frames, self.use_framewise_decoding, mesh)

@@ -18,7 +18,6 @@ from ..common.inputs import expect_video
 from ..common.layers_torch import GroupNorm
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
-from ..common.tiling import run_framewise
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
 
 
@@ -219,32 +218,15 @@ class AutoencoderKLHunyuanVideo(ChunkedAutoencoder):
         self.use_framewise_encoding = True
         self.use_framewise_decoding = True
 
-    def _run(self, part: str, x, out_frames: int, framewise: bool, step):
-        def run(clip):
-            return self.run_chunks(part, clip, [(0, clip.shape[2])], step)
-
-        tiles = (self.tiling or self.tiling_class()).frame_tiles(self.config, part)
-        if framewise and x.shape[2] >= tiles[0]:
-            return run_framewise(
-                run,
-                x,
-                tiles,
-                out_frames,
-                t_axis=2,
-                concat=torch.cat,
-                as_array=lambda values, like: torch.as_tensor(values, dtype=like.dtype, device=like.device),
-            )
-        return run(x)
-
     def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video; `step` runs one clip or temporal tile (see ChunkedAutoencoder.run_chunks)."""
         expect_video(x, self.config.in_channels, channels_last=False, what="encode")
         frames = (x.shape[2] - 1) // self.config.temporal_compression_ratio + 1
-        moments = self._run("encoder", x, frames, self.use_framewise_encoding, step)
+        moments = self.run_clip("encoder", x, frames, self.use_framewise_encoding, step)
         return EncoderOutput(DiagonalGaussianDistribution(moments))
 
     def decode(self, z: torch.Tensor, step=None) -> DecoderOutput:
         """(B, latent_channels, T, H, W) latents; not clamped, as in diffusers."""
         expect_video(z, self.config.latent_channels, channels_last=False, what="decode")
         frames = (z.shape[2] - 1) * self.config.temporal_compression_ratio + 1
-        return DecoderOutput(self._run("decoder", z, frames, self.use_framewise_decoding, step))
+        return DecoderOutput(self.run_clip("decoder", z, frames, self.use_framewise_decoding, step))

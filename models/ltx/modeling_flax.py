@@ -19,8 +19,8 @@ from flax import nnx
 
 from ..common.conv import cpu_conv, prepadded_conv
 from ..common.inputs import expect_video
-from ..common.steps_flax import run_chunks
-from ..common.tiling import TilingMixin, run_framewise
+from ..common.steps_flax import run_clip
+from ..common.tiling import TilingMixin
 from .config import STRIDES, ConvStyle, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
 from .noise import noise_maps
 
@@ -399,30 +399,14 @@ class AutoencoderKLLTXVideo(TilingMixin, nnx.Module):
         self.use_framewise_encoding = False
         self.use_framewise_decoding = False
 
-    def _run(self, part: str, x, out_frames: int, mesh, inputs=None):
-        def run(clip):
-            return run_chunks(self, part, clip, [(0, clip.shape[1])], mesh, inputs)
-
-        tiles = (self.tiling or self.tiling_class()).frame_tiles(self.config, part)
-        if self.use_framewise_decoding and x.shape[1] >= tiles[0]:
-            return run_framewise(
-                run,
-                x,
-                tiles,
-                out_frames,
-                t_axis=1,
-                concat=jnp.concatenate,
-                as_array=lambda values, like: jnp.asarray(values, like.dtype),
-                drop_last=part == "decoder",
-            )
-        return run(x)
-
     def encode(self, x, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)/8, H/32, W/32, latent_channels) at 0.9.x's
         ratios."""
         expect_video(x, self.config.in_channels, channels_last=True, what="encode")
         frames = (x.shape[1] - 1) // self.config.temporal_ratio + 1
-        mean, logvar = jnp.split(self._run("encoder", x, frames, mesh), 2, axis=-1)
+        # diffusers' _encode tests the decoding switch for framewise tiles
+        moments = run_clip(self, "encoder", x, frames, self.use_framewise_decoding, mesh)
+        mean, logvar = jnp.split(moments, 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
     def decode(self, z, mesh=None, temb=None, noise=None):
@@ -447,7 +431,7 @@ class AutoencoderKLLTXVideo(TilingMixin, nnx.Module):
         def inputs(window):
             return fixed if draws is None else {**fixed, "noise": draws(window.shape[2], window.shape[3])}
 
-        return self._run("decoder", z, frames, mesh, inputs)
+        return run_clip(self, "decoder", z, frames, self.use_framewise_decoding, mesh, inputs, drop_last=True)
 
 
 def _noise_source(noise):

@@ -20,7 +20,6 @@ from torch import nn
 from ..common.inputs import expect_video
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
-from ..common.tiling import run_framewise
 from .config import STRIDES, ConvStyle, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
 from .noise import noise_maps
 
@@ -345,29 +344,13 @@ class AutoencoderKLLTXVideo(ChunkedAutoencoder):
         self.use_framewise_encoding = False
         self.use_framewise_decoding = False
 
-    def _run(self, part: str, x, out_frames: int, step, inputs=None):
-        def run(clip):
-            return self.run_chunks(part, clip, [(0, clip.shape[2])], step, inputs)
-
-        tiles = (self.tiling or self.tiling_class()).frame_tiles(self.config, part)
-        if self.use_framewise_decoding and x.shape[2] >= tiles[0]:
-            return run_framewise(
-                run,
-                x,
-                tiles,
-                out_frames,
-                t_axis=2,
-                concat=torch.cat,
-                as_array=lambda values, like: torch.as_tensor(values, dtype=like.dtype, device=like.device),
-                drop_last=part == "decoder",
-            )
-        return run(x)
-
     def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video; `step` runs one clip or temporal tile (see ChunkedAutoencoder.run_chunks)."""
         expect_video(x, self.config.in_channels, channels_last=False, what="encode")
         frames = (x.shape[2] - 1) // self.config.temporal_ratio + 1
-        return EncoderOutput(DiagonalGaussianDistribution(self._run("encoder", x, frames, step)))
+        # diffusers' _encode tests the decoding switch for framewise tiles
+        moments = self.run_clip("encoder", x, frames, self.use_framewise_decoding, step)
+        return EncoderOutput(DiagonalGaussianDistribution(moments))
 
     def decode(self, z: torch.Tensor, temb=None, step=None, noise=None) -> DecoderOutput:
         """(B, latent_channels, T, H, W) latents; not clamped, as in diffusers.
@@ -395,7 +378,9 @@ class AutoencoderKLLTXVideo(ChunkedAutoencoder):
         def inputs(window):
             return fixed if draws is None else {**fixed, "noise": draws(window.shape[3], window.shape[4])}
 
-        return DecoderOutput(self._run("decoder", z, frames, step, inputs))
+        return DecoderOutput(
+            self.run_clip("decoder", z, frames, self.use_framewise_decoding, step, inputs, drop_last=True)
+        )
 
 
 def _as_tensor(value, like: torch.Tensor) -> torch.Tensor:

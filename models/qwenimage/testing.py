@@ -32,7 +32,9 @@ TESTING = FamilyTesting(
             decode_steps=1,
         ),
     },
-    meshes={"default-arch": ((1, 8, "auto"), (2, 4, "explicit"))},
+    # meshes and full size: Wan 2.1's code and size, which its own cases cover (the CI time goes to what differs)
+    meshes={},
     export=("default-arch",),
     check_configs=(("qwenimage-variant", OTHER_CONFIG),),
+    full_size=False,
 )
