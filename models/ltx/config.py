@@ -260,6 +260,11 @@ class LTXVideoVAEConfig(DiffusersConfig):
     def mid_layers(self) -> int:
         return tuple(reversed(self.decoder_layers_per_block))[0]
 
+    @property
+    def injects_noise(self) -> bool:
+        """Whether the decoder adds noise (0.9.1's decoder_inject_noise) anywhere."""
+        return self.mid_inject_noise or any(level.inject_noise for level in self.up_levels())
+
     def noise_map_sizes(self, height: int, width: int) -> list[tuple[int, int]]:
         """The (height, width) of each noise map a decode of a (height, width) latent draws, in diffusers' order:
         two per noise-injecting resnet (after conv1 and after conv2), mid block first."""

@@ -425,7 +425,7 @@ class AutoencoderKLLTXVideo(TilingMixin, nnx.Module):
                 raise ValueError("decode: this decoder is timestep-conditioned; pass temb (a timestep per batch entry)")
             fixed["temb"] = jnp.broadcast_to(jnp.asarray(temb, z.dtype).reshape(-1), (z.shape[0],))
         draws = None
-        if self.config.noise_map_sizes(1, 1):
+        if self.config.injects_noise:
             draws = noise_maps(self.config, _noise_source(noise), _key_draws(noise), _as_jax)
 
         def inputs(window):

@@ -368,7 +368,7 @@ class AutoencoderKLLTXVideo(ChunkedAutoencoder):
             temb = _as_tensor(temb, z).reshape(-1)
             fixed["temb"] = temb.expand(z.shape[0]) if temb.numel() == 1 else temb
         draws = None
-        if self.config.noise_map_sizes(1, 1):
+        if self.config.injects_noise:
 
             def generated(shapes, call):
                 return [torch.randn(shape, generator=noise).to(dtype=z.dtype, device=z.device) for shape in shapes]

@@ -25,7 +25,7 @@ def _decode_inputs(config: LTXVideoVAEConfig) -> dict:
     inputs = {}
     if config.timestep_conditioning:
         inputs["temb"] = np.array([DECODE_TIMESTEP], np.float32)
-    if config.noise_map_sizes(1, 1):
+    if config.injects_noise:
         inputs["noise"] = np.array(0)
     return inputs
 
