@@ -147,15 +147,30 @@ def test_source_formats_proven_against_the_pairings(tmp_path):
     assert unproven.exit_code == 0 and "not proven (pass --pairings DIR)" in unproven.output
 
 
-def test_ltx_single_files_proven_against_the_project_s_pairings():
+def test_ltx_single_files_proven_against_the_project_s_pairings(tmp_path):
     """LTX's pairings live in the project (tests/data/source-formats/), beside the shared ones: check-mappings takes
     both folders."""
     own = MAPPINGS_DIR.parent / "tests" / "data" / "source-formats"
     args = ["check-mappings", str(MAPPINGS_DIR / "ltx.yaml"), "--target", "torchax"]
     result = CliRunner().invoke(cli, [*args, "--pairings", str(PAIRINGS), "--pairings", str(own)])
     assert result.exit_code == 0, result.output
-    for layout, keys in (("0.9.0", 190), ("0.9.1", 294), ("0.9.5", 226)):
-        assert f"source format ltx-{layout}: {keys} keys of ltx-{layout}.json renamed as listed" in result.output
+    for fmt, pairings, keys in (
+        ("ltx-0.9.0", "ltx-0.9.0", 190),
+        ("ltx-0.9.1", "ltx-0.9.1", 294),
+        ("ltx-0.9.5", "ltx-0.9.5", 226),
+        ("ltx-2", "ltx-2.0", 184),
+    ):
+        assert f"source format {fmt}: {keys} keys of {pairings}.json renamed as listed" in result.output
+    # LTX-2's signature holds an audio VAE key, which its pairings (the VAE's keys) do not list: a drop rule takes it;
+    # one that nothing takes is a signature no file of the pairings has
+    text = (MAPPINGS_DIR / "ltx.yaml").read_text()
+    path = tmp_path / "ltx.yaml"
+    path.write_text(text.replace("audio_vae.per_channel_statistics.mean-of-means]", "vae.audio_only_key]"))
+    broken = CliRunner().invoke(cli, ["check-mappings", str(path), *args[2:], "--pairings", str(own)])
+    assert broken.exit_code == MappingError.exit_code
+    assert "signature key 'vae.audio_only_key'" in broken.output and "is not a key of ltx-2.0.json nor dropped" in (
+        broken.output
+    )
 
 
 def test_wrong_lookup_entry_is_caught_by_the_pairings(tmp_path):

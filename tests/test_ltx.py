@@ -13,11 +13,11 @@ import diffusers
 import numpy as np
 import pytest
 import torch
-from diffusers.loaders.single_file_utils import convert_ltx_vae_checkpoint_to_diffusers
+from diffusers.loaders.single_file_utils import convert_ltx2_vae_to_diffusers, convert_ltx_vae_checkpoint_to_diffusers
 from safetensors.torch import load_file, save_file
 
-from converter.models.ltx.config import LTX_091_CONFIG, LTX_095_CONFIG
-from converter.models.ltx.original import ORIGINAL_CONFIGS, diffusers_config
+from converter.models.ltx.config import LTX2_20_CONFIG, LTX2_23_CONFIG, LTX_091_CONFIG, LTX_095_CONFIG
+from converter.models.ltx.original import LTX2_ORIGINAL_CONFIGS, ORIGINAL_CONFIGS, ltx2_config, ltx_video_config
 from converter.models.ltx.testing import LTX_091_SMALL
 from converter.registry import FAMILIES
 from tests.helpers import REPO, converted_by_cli, fails, manifest, run_cli, runner, save_diffusers, small
@@ -25,6 +25,7 @@ from tests.original_files import assert_same_tensors, output_tensors
 
 ATOL = 1e-4
 LTX = FAMILIES["ltx"]
+LTX2 = FAMILIES["ltx2"]
 PAIRINGS = REPO / "tests" / "data" / "source-formats"
 TILES = dict(
     tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=32, tile_sample_stride_width=32
@@ -199,11 +200,21 @@ def test_diffusers_reads_the_torchax_output(ltx_095):
 
 # -- Lightricks' single files ----------------------------------------------------------------------------------
 
+# layout -> (family, model name, its published metadata VAE config, its translation to the diffusers config)
+LAYOUTS = {
+    **{layout: (LTX, "ltx-video", config, ltx_video_config) for layout, config in ORIGINAL_CONFIGS.items()},
+    **{layout: (LTX2, "ltx-2", config, ltx2_config) for layout, config in LTX2_ORIGINAL_CONFIGS.items()},
+}
+# the layouts whose Flax conversion runs, validated (the others' renaming is proven on the torchax output, which has
+# diffusers' names; both targets read the same renamed tensors): a noise-injecting conditioned decoder, and LTX-2.3's
+# mixed upsamplers
+FLAX_LAYOUTS = ("0.9.1", "2.3")
+
 
 def _small_original(layout: str) -> dict:
     """The layout's metadata VAE config (its block lists as released) at small widths."""
     return {
-        **ORIGINAL_CONFIGS[layout],
+        **LAYOUTS[layout][2],
         "latent_channels": 8,
         "encoder_base_channels": 8,
         "decoder_base_channels": 8,
@@ -212,65 +223,73 @@ def _small_original(layout: str) -> dict:
 
 def _single_file(layout: str, state: dict, path: Path, vae_config: dict | None) -> Path:
     """A Lightricks single file: the diffusers state_dict renamed by the layout's pairings under `vae.`, the
-    statistics diffusers drops, a transformer tensor, and the config in the metadata."""
+    statistics diffusers drops, other models' tensors (LTX-2's audio VAE), and the config in the metadata."""
     keys = json.loads((PAIRINGS / f"ltx-{layout}.json").read_text())["keys"]
     tensors = {original: state[entry["diffusers"]].clone().contiguous() for original, entry in keys.items()}
     channels = state["latents_mean"].shape[0]
     tensors["vae.per_channel_statistics.channel"] = torch.arange(channels, dtype=torch.float32)
     tensors["vae.per_channel_statistics.mean-of-stds"] = torch.ones(channels)
     tensors["model.diffusion_model.patchify_proj.weight"] = torch.ones(4, 4)
+    if LAYOUTS[layout][0] is LTX2:
+        tensors["audio_vae.per_channel_statistics.mean-of-means"] = torch.zeros(channels)
     metadata = {} if vae_config is None else {"config": json.dumps({"vae": vae_config, "transformer": {}})}
     save_file(tensors, path, metadata=metadata)
     return path
 
 
 def test_metadata_configs_translate_to_diffusers_configs():
-    """The published layouts' metadata configs become the diffusers configs diffusers' own conversion uses."""
-    published = {"0.9.0": {}, "0.9.1": LTX_091_CONFIG, "0.9.5": LTX_095_CONFIG}
+    """The published layouts' metadata configs become the diffusers configs of those versions (the keys and shapes
+    of Lightricks' model built from each equal diffusers' built from the translation: make_ltx_pairings.py)."""
+    published = {
+        "0.9.0": {},
+        "0.9.1": LTX_091_CONFIG,
+        "0.9.5": LTX_095_CONFIG,
+        "2.0": LTX2_20_CONFIG,
+        "2.3": LTX2_23_CONFIG,
+    }
     for layout, expected in published.items():
-        translated = LTX.config_class.from_dict(diffusers_config(ORIGINAL_CONFIGS[layout]))
-        assert translated == LTX.config_class.from_dict(expected), layout
+        family, _, original, translate = LAYOUTS[layout]
+        assert family.config_class.from_dict(translate(original)) == family.config_class.from_dict(expected), layout
 
 
-@pytest.mark.parametrize("layout", list(ORIGINAL_CONFIGS))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_single_file_converts_to_the_diffusers_checkpoint_s_tensors(layout, tmp_path):
-    """A single file of each layout converts, with the config its metadata carries, to exactly the tensors of the
-    diffusers checkpoint it holds (the conversion of which diffusers' model reads); diffusers' own converter makes
-    that checkpoint from the file (where its layout test, a width of 2048, can tell: 0.9.0 and 0.9.1)."""
-    config = diffusers_config(_small_original(layout))
-    reference = save_diffusers(LTX, tmp_path / "vae", config)
-    original = _single_file(
-        layout, reference.state_dict(), tmp_path / f"ltx-video-{layout}.safetensors", _small_original(layout)
-    )
-    if layout != "0.9.5":
-        converted = convert_ltx_vae_checkpoint_to_diffusers(dict(load_file(original)))
-        assert converted.keys() == reference.state_dict().keys()
-        for key, value in reference.state_dict().items():
+    """A single file of each layout converts, with the config its metadata carries, to exactly the tensors and config
+    of the diffusers checkpoint it holds; diffusers' own converter makes that checkpoint from the file (where its
+    layout test can tell: 0.9.0 and 0.9.1 (0.9.5's is a width of 2048); LTX-2.0 (its table stops before 2.3's fourth
+    decoder level))."""
+    family, name, _, translate = LAYOUTS[layout]
+    config = translate(_small_original(layout))
+    reference = save_diffusers(family, tmp_path / "vae", config)
+    state = reference.state_dict()
+    original = _single_file(layout, state, tmp_path / f"ltx-{layout}.safetensors", _small_original(layout))
+    diffusers_converter = {
+        "0.9.0": convert_ltx_vae_checkpoint_to_diffusers,
+        "0.9.1": convert_ltx_vae_checkpoint_to_diffusers,
+        "2.0": convert_ltx2_vae_to_diffusers,
+    }
+    if layout in diffusers_converter:
+        vae_tensors = {k: v for k, v in load_file(original).items() if k.startswith("vae.")}
+        converted = diffusers_converter[layout](vae_tensors)
+        assert converted.keys() == state.keys()
+        for key, value in state.items():
             assert torch.equal(converted[key], value), key
-    for target in ("flax", "torchax"):
-        validate = () if target == "flax" else ("--no-validate",)  # the flax run validates against the reference
-        result = run_cli("ltx-video", "--source", original, "--to", target, "--out", tmp_path / target, *validate)
-        assert f"source format: ltx-{layout}" in result.stderr
-        assert "config from the file's metadata; dropped 1 tensor(s) by rule other-models" in result.stderr
-        run_cli(
-            "ltx-video",
-            "--source",
-            tmp_path / "vae",
-            "--to",
-            target,
-            "--out",
-            tmp_path / f"{target}-diffusers",
-            "--no-validate",
-        )
-        assert_same_tensors(output_tensors(tmp_path / target), output_tensors(tmp_path / f"{target}-diffusers"))
-        assert json.loads((tmp_path / target / "config.json").read_text()) == json.loads(
-            (tmp_path / f"{target}-diffusers" / "config.json").read_text()
-        )
-    assert manifest(tmp_path / "flax")["validation"]["ok"]
+    targets = ("torchax", "flax") if layout in FLAX_LAYOUTS else ("torchax",)
+    for target in targets:
+        validate = () if target == "flax" else ("--no-validate",)
+        result = run_cli(name, "--source", original, "--to", target, "--out", tmp_path / target, *validate)
+        assert f"source format: {'ltx-2' if family is LTX2 else f'ltx-{layout}'}" in result.stderr
+        assert "config from the file's metadata; dropped" in result.stderr
+        written = json.loads((tmp_path / target / "config.json").read_text())
+        assert family.config_class.from_dict(written) == family.config_class.from_dict(config)
+    expected = {k: v.numpy() for k, v in state.items()}
+    assert_same_tensors(output_tensors(tmp_path / "torchax"), expected)
+    if "flax" in targets:
+        assert manifest(tmp_path / "flax")["validation"]["ok"]
 
 
-def test_single_file_with_a_broken_metadata_config_is_refused(tmp_path):
-    config = diffusers_config(_small_original("0.9.0"))
+def test_single_file_with_a_broken_metadata_config_or_of_the_other_generation_is_refused(tmp_path):
+    config = ltx_video_config(_small_original("0.9.0"))
     state = save_diffusers(LTX, tmp_path / "vae", config).state_dict()
     broken = _single_file("0.9.0", state, tmp_path / "broken.safetensors", None)
     save_file(load_file(broken), broken, metadata={"config": "{not json"})
@@ -286,5 +305,13 @@ def test_single_file_with_a_broken_metadata_config_is_refused(tmp_path):
         ["ltx-video", "--source", tmp_path / "odd.safetensors", "--to", "flax", "--out", tmp_path / "out"],
         3,
         "norm_layer 'group_norm'",
+        out=tmp_path / "out",
+    )
+    ltx2_state = save_diffusers(LTX2, tmp_path / "vae2", ltx2_config(_small_original("2.0"))).state_dict()
+    ltx2_file = _single_file("2.0", ltx2_state, tmp_path / "ltx-2.safetensors", _small_original("2.0"))
+    fails(
+        ["ltx-video", "--source", ltx2_file, "--to", "flax", "--out", tmp_path / "out"],
+        3,
+        "try `vae-convert ltx-2`",
         out=tmp_path / "out",
     )
