@@ -1,8 +1,9 @@
 """Which layout a checkpoint is in (diffusers' own, or an original release's: mappings/<family>.yaml `source_formats`),
 and its tensors under diffusers' names, which is what the target rules and the validation read.
 
-A format is recognised from the keys (its `signature`), or named with --source-format; a file of another family's
-format, or of another VAE variant, is told apart from a damaged one, and named."""
+A format is recognised from the keys (its `signature`), where keys alike from how the file packs them (its
+`container`), or named with --source-format; a file of another family's format, or of another VAE variant, is told
+apart from a damaged one, and named."""
 
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
     fitting = [k for k in known if k.fmt.fits(weights.specs)]
     if not fitting:
         raise InputError(f"{shown}: {_no_fit(known, list(weights.specs))}")
+    packed_alike = [k for k in fitting if k.fmt.wrapper == weights.wrapper]
+    if len(fitting) > 1 and len(packed_alike) == 1:  # a release of diffusers' own keys, told apart by its container
+        fitting = packed_alike
     if len(fitting) > 1:
         names = ", ".join(f"{k.fmt.name} ({k.family.name})" for k in fitting)
         raise InputError(f"{shown}: the keys fit several formats ({names}); name one with --source-format")

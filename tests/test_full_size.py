@@ -7,6 +7,7 @@ reads back in diffusers, validates, and streams too."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -21,8 +22,10 @@ FULL_SIZE = {entry.name: entry.family for entry in first_of_each_variant() if en
 
 @pytest.fixture(scope="module", params=list(FULL_SIZE))
 def full_size(request, tmp_path_factory):
-    path = tmp_path_factory.mktemp(request.param) / "vae"
-    return request.param, path, save_diffusers(FULL_SIZE[request.param], path, MODELS[request.param].config)
+    folder = tmp_path_factory.mktemp(request.param)
+    path = folder / "vae"
+    yield request.param, path, save_diffusers(FULL_SIZE[request.param], path, MODELS[request.param].config)
+    shutil.rmtree(folder)  # gigabytes each: the disk holds one model's at a time
 
 
 def test_full_size_converts_and_validates(full_size, tmp_path):

@@ -15,7 +15,7 @@ import torch
 from converter.models.common.testing import SMALL_TILES
 from converter.models.hunyuanvideo.modeling_flax import frame_causal_attention
 from converter.registry import FAMILIES
-from tests.helpers import converted_by_cli, run_cli, runner, small
+from tests.helpers import converted_by_cli, manifest, run_cli, runner, small
 
 ATOL = 1e-4
 HUNYUAN = FAMILIES["hunyuanvideo"]
@@ -114,3 +114,19 @@ def test_attention_never_holds_the_whole_score_matrix():
     five, ten = temporaries(5), temporaries(10)
     assert five < n * n * 4 / 2
     assert ten < 2.5 * five
+
+
+def test_release_pickle_told_from_diffusers_keys_by_its_container(converted, tmp_path):
+    """Tencent's pytorch_model.pt has diffusers' own keys: under `state_dict` it is the release format
+    (tests/test_source_formats.py converts it), bare it is diffusers' layout pickled."""
+    reference, _ = converted
+    name, _ = small(HUNYUAN, "default-arch")
+    reference.save_config(tmp_path)  # a release file has no diffusers config: the small one is given
+    for wrapper, fmt in (("state_dict", "hunyuanvideo-original"), (None, "diffusers")):
+        state = reference.state_dict()
+        path = tmp_path / f"{fmt}.pt"
+        torch.save({wrapper: state} if wrapper else state, path)
+        out = tmp_path / fmt
+        args = ("--config", tmp_path / "config.json", "--to", "torchax", "--out", out, "--no-validate")
+        run_cli(name, "--source", path, *args)
+        assert manifest(out)["source"]["format"] == fmt

@@ -28,7 +28,7 @@ def released(request, tmp_path_factory):
     model_name, config = released_config(fmt)
     root = tmp_path_factory.mktemp(fmt)
     model = save_diffusers(family, root / "diffusers", config)
-    extra = {"loss.discriminator.blocks.0.weight": torch.randn(64, 3, 4, 4)} if case.wrapper else None
+    extra = {case.training_key: torch.randn(64, 3, 4, 4)} if case.training_key else None
     original = write_original(model.state_dict(), fmt, root / "release" / case.file_name, extra=extra)
     return fmt, model_name, root / "diffusers" / "config.json", original, root / "diffusers"
 
@@ -45,7 +45,7 @@ def test_original_file_converts_as_its_diffusers_checkpoint(released, tmp_path, 
     if not validate:
         assert info["validation"]["ok"] and len(info["validation"]["checks"]) == 3
     assert info["source"]["format"] == fmt and f"source format: {fmt}" in result.stderr
-    if FORMATS[fmt][1].wrapper:  # the discriminator is named, counted and reported, not converted
+    if FORMATS[fmt][1].training_key:  # SAT's discriminator is named, counted and reported, not converted
         assert info["source"]["dropped"] == {"training-discriminator": {"tensors": 1, "bytes": 64 * 3 * 4 * 4 * 4}}
         assert "dropped 1 tensor(s) by rule training-discriminator" in result.stderr
 

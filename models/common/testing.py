@@ -37,6 +37,7 @@ class OriginalFileCase:
     file_name: str  # as released
     config_changes: dict = dataclasses.field(default_factory=dict)  # the released block structure, where it differs
     wrapper: str | None = None  # the key the released pickle nests the tensors under
+    training_key: str | None = None  # a key of training state the release keeps beside the model's, dropped by rule
     validated_target: str = "flax"  # the target whose conversion also runs the validation decode/encode
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common.testing import SMALL_TILES, FamilyTesting, TilingCase
+from ..common.testing import SMALL_TILES, FamilyTesting, OriginalFileCase, TilingCase
 
 # 3 levels, 1 layer per block, space compressed 4x, no mid-block attention
 OTHER_CONFIG = dict(
@@ -36,4 +36,14 @@ TESTING = FamilyTesting(
     meshes={"default-arch": ((1, 8, "auto"), (2, 4, "explicit"))},
     export=("default-arch",),
     check_configs=(("hunyuanvideo-variant", OTHER_CONFIG),),
+    original_files={
+        # widths doubling as the release's do, so the same resnets have shortcuts
+        "hunyuanvideo-original": OriginalFileCase(
+            "default-arch",
+            "pytorch_model.pt",
+            config_changes=dict(block_out_channels=[8, 16, 32, 32]),
+            wrapper="state_dict",
+            validated_target="torchax",
+        )
+    },
 )
