@@ -37,8 +37,10 @@ TESTING = FamilyTesting(
     meshes={"default-arch": ((1, 8, "explicit"), (2, 4, "auto"))},
     export=("default-arch",),
     # SAT's 3d-vae.pt nests the model under "state_dict", beside the training discriminator's tensors
-    original_files={"cogvideox-sat": OriginalFileCase(
+    original_files={
+        "cogvideox-sat": OriginalFileCase(
             "default-arch", "3d-vae.pt", wrapper="state_dict", training_key="loss.discriminator.blocks.0.weight"
-        )},
+        )
+    },
     check_configs=(("cogvideox-variant", OTHER_CONFIG),),
 )
