@@ -25,13 +25,15 @@ demo: install
 	$(VENV)/bin/vae-convert wan2.1 --source $(DEMO)/wan2.1-random --to torchax --dtype bfloat16 --out $(DEMO)/wan2.1-torchax
 
 # two workers, whole modules each (their fixtures convert once per module), the slowest modules first (tests/conftest.py);
-# two, not one per core, bounds memory
+# two, not one per core, bounds memory. A worker that crashes is replaced once (xdist reruns its module from the
+# start): a second crash ends the run with the test named rather than rerunning the module until CI's time is out
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --max-worker-restart=1
 test: install
-	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder
+	$(PYTEST)
 
 # the inner loop: every module's basic cases (tests/conftest.py marks the rest slow), under 5 minutes
 test-fast: install
-	$(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # The lowest releases setup.cfg allows (constraints-floors.txt; torch: the CPU wheel, see that file), on the tests
 # that cover each family and target, load, export and the mappings

@@ -26,14 +26,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def cases(smoke: bool) -> dict:
-    """model -> (latent for decode, video for encode), channels-first: the first model of each variant (Wan 2.1, Wan
-    2.2, CogVideoX) with its validation latent and 64x64-pixel videos of its validation frame count; smoke: the first
-    model at small widths, 4x4 latents and 32x32 videos."""
-    from converter.registry import config_from_dict, first_of_each_variant, small_config
+def cases(smoke: bool, names: list[str] | None = None) -> dict:
+    """model -> (latent for decode, video for encode), channels-first: the named models, else the first model of each
+    variant (Wan 2.1, Wan 2.2, CogVideoX...) with its validation latent and 64x64-pixel videos of its validation frame
+    count; smoke: the first model at small widths, 4x4 latents and 32x32 videos."""
+    from converter.registry import MODELS, config_from_dict, first_of_each_variant, small_config
 
+    entries = [MODELS[name] for name in names] if names else first_of_each_variant()
     result = {}
-    for entry in first_of_each_variant()[:1] if smoke else first_of_each_variant():
+    for entry in entries[:1] if smoke else entries:
         family = entry.family
         config = config_from_dict(family, {**entry.config, **(small_config(entry) if smoke else {})})
         latent = list(family.validation_latent_shape(config))
@@ -335,6 +336,9 @@ def _compile_layout(model: str, layout: str, smoke: bool) -> dict:
     batch = mesh_shape[0] if mesh_shape else 1  # a batch "dp" splits
     channels = entry.family.validation_video_shape(config)[1]
     _, c, t, h, w = SMOKE_VIDEO if smoke else (1, channels, *entry.family.native_video)
+    if mesh_shape:  # the latent's width must split over "tp": the native width rounded up to where it does
+        ratio = entry.family.validation_video_shape(config)[4] // entry.family.validation_latent_shape(config)[4]
+        w = -(-w // (ratio * mesh_shape[1])) * ratio * mesh_shape[1]
     video = jax.ShapeDtypeStruct((batch, t, h, w, c), np.float32)  # channels-last
     inputs = decode_inputs(entry.family, config)
 
@@ -444,9 +448,11 @@ def _vae_convert(*args):
 FLAX_SAFETENSORS = ("--to", "flax", "--format", "safetensors", "--no-validate")
 
 
-def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str]) -> dict:
+def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str], compile_only=False) -> dict:
     latent, video = shapes
     _SPENT.clear()
+    if compile_only:  # no weights: the abstract model only (the 1.2B layouts, which a float32 run does not fit)
+        return {"compile": _compile(model, layouts, smoke), "bench_seconds": dict(_SPENT)}
     made = time.perf_counter()
     source = work / f"{model}-source"
     _vae_convert("random-checkpoint", model, source, *(["--small"] if smoke else []))
@@ -500,11 +506,15 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     for impl, parts in steady.items():
         for part, seconds in parts.items():
             result["run"][impl][part]["steady"] = seconds
-    devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={SIMULATED_DEVICES}"}
-    fitting = [layout for layout in layouts if _fits(LAYOUTS[layout])]
-    result["compile"] = _task("compile", env=devices, model=model, layouts=fitting, smoke=smoke) if fitting else {}
+    result["compile"] = _compile(model, layouts, smoke)
     result["bench_seconds"] = dict(_SPENT)
     return result
+
+
+def _compile(model: str, layouts: list[str], smoke: bool) -> dict:
+    devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={SIMULATED_DEVICES}"}
+    fitting = [layout for layout in layouts if _fits(LAYOUTS[layout])]
+    return _task("compile", env=devices, model=model, layouts=fitting, smoke=smoke) if fitting else {}
 
 
 def _fits(mesh_shape: tuple | None) -> bool:
@@ -553,11 +563,14 @@ def _cell(measured: dict, model: dict) -> str:
 
 def markdown(results: dict) -> str:
     lines = [f"Machine: {results['device']}; {results['date']}; mode: {results['mode']}.", ""]
+    measured = {model: r for model, r in results["models"].items() if "convert" in r}
+    if not measured:  # compile-only
+        return "\n".join(lines + compile_table(results)[1:] + time_spent(results)) + "\n"
     lines += [
         "| model | checkpoint | copy | vae-convert flax | vae-convert torchax | naive (read all, transpose, save) |",
         "|---|---|---|---|---|---|",
     ]
-    for model, r in results["models"].items():
+    for model, r in measured.items():
         c = r["convert"]
         lines.append(
             f"| {model} | {r['checkpoint_mb']:.0f} MB | {r['copy_seconds']:.2f} s | {_cell(c['flax'], r)} | "
@@ -569,7 +582,7 @@ def markdown(results: dict) -> str:
         "(safetensors) | the two, later loads | load torchax | diffusers from_pretrained |",
         "|---|---|---|---|---|---|---|",
     ]
-    for model, r in results["models"].items():
+    for model, r in measured.items():
         load, parts = r["load"], r["load"]["flax parts"]
         diffusers = f"{load['diffusers']['seconds']:.3f} s" if "diffusers" in load else "-"
         lines.append(
@@ -595,7 +608,7 @@ def markdown(results: dict) -> str:
         "diffusers |",
         "|---|---|---|---|---|---|---|",
     ]
-    for model, r in results["models"].items():
+    for model, r in measured.items():
         reference = r["run"]["diffusers" if "diffusers" in r["run"] else "torch"]["decode"]["steady"]
         for impl, t in r["run"].items():
             decode, encode = t["decode"], t["encode"]
@@ -629,7 +642,8 @@ def compile_table(results: dict) -> list[str]:
     devices = f"{SIMULATED_DEVICES} simulated CPU devices" if on_cpu else "compiled for the one GPU: no meshes"
     lines = [
         "",
-        "Compiled, not run: every encode and decode step of each model's native video, the encoder's input "
+        "Compiled, not run: every encode and decode step of each model's native video, the encoder's input, on a "
+        "mesh its width rounded up to split over 'tp' "
         f"(Flax, float32; {devices}). Memory is XLA's analysis per device, the "
         "largest over the steps; the cache is the causal cache a step passes on, over all devices.",
         "",
@@ -678,6 +692,7 @@ def main():
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--models", nargs="*", help="default: all (one in --smoke)")
     parser.add_argument("--layouts", nargs="*", choices=list(LAYOUTS), help="compile-only layouts; default: all")
+    parser.add_argument("--compile-only", action="store_true", help="only the compile-only rows (no weights)")
     parser.add_argument("--task", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.task:
@@ -687,16 +702,18 @@ def main():
         results = {
             "device": _device(),
             "date": time.strftime("%Y-%m-%d %H:%M"),
-            "mode": "smoke" if args.smoke else "full",
+            "mode": "smoke" if args.smoke else "compile-only" if args.compile_only else "full",
             "models": {},
         }
-        measured = cases(args.smoke)
-        for model in args.models or list(measured):
+        measured = cases(args.smoke, args.models)
+        for model in measured:
             print(f"measuring {model} ...", file=sys.stderr)
             layouts = args.layouts if args.layouts is not None else SMOKE_LAYOUTS if args.smoke else list(LAYOUTS)
             model_work = Path(work) / model
             model_work.mkdir()
-            results["models"][model] = measure_model(model, measured[model], model_work, args.smoke, layouts)
+            results["models"][model] = measure_model(
+                model, measured[model], model_work, args.smoke, layouts, args.compile_only
+            )
             shutil.rmtree(model_work)  # its files would crowd the next model's out of the page cache
     args.out.mkdir(parents=True, exist_ok=True)
     name = "smoke" if args.smoke else "latest"

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from converter.registry import MODELS, first_of_each_variant
 from tests.helpers import REPO, manifest, run_cli, save_diffusers
@@ -22,25 +23,28 @@ FULL_SIZE = {entry.name: entry.family for entry in first_of_each_variant() if en
 
 @pytest.fixture(scope="module", params=list(FULL_SIZE))
 def full_size(request, tmp_path_factory):
+    """(model name, the saved checkpoint's folder, its tensor and parameter counts): the model itself is not kept, as
+    the conversions beside it need the memory."""
     folder = tmp_path_factory.mktemp(request.param)
     path = folder / "vae"
-    yield request.param, path, save_diffusers(FULL_SIZE[request.param], path, MODELS[request.param].config)
+    state = save_diffusers(FULL_SIZE[request.param], path, MODELS[request.param].config).state_dict()
+    counts = len(state), sum(v.numel() for v in state.values())
+    del state
+    yield request.param, path, counts
     shutil.rmtree(folder)  # gigabytes each: the disk holds one model's at a time
 
 
 def test_full_size_converts_and_validates(full_size, tmp_path):
     """To Flax. The torchax target at full size is test_full_size_original_wan21_file's conversion: a torchax output
     is diffusers' keys copied for every family, validated by the same runner."""
-    model_name, source, model = full_size
+    model_name, source, (tensors, parameters) = full_size
     out = tmp_path / "flax"
     result = run_cli(model_name, "--source", source, "--to", "flax", "--out", out)
     info = manifest(out)
     checks = info["validation"]["checks"]
     assert {c["output"] for c in checks} == {"decode", "encode.mean", "encode.logvar"}
     assert all(c["ok"] and c["max_abs"] <= c["tol"] for c in checks)
-    state = model.state_dict()
-    parameters = sum(v.numel() for v in state.values())
-    assert f"{len(state)} tensors, {parameters / 1e6:.1f}M parameters" in result.stdout
+    assert f"{tensors} tensors, {parameters / 1e6:.1f}M parameters" in result.stdout
     assert info["source"]["sha256"] and info["dtype"] == "float32"
     assert json.loads((out / "config.json").read_text())["_class_name"] == FULL_SIZE[model_name].class_name
 
@@ -57,9 +61,9 @@ def test_full_size_original_wan21_file(full_size, tmp_path):
     """Wan-Video's Wan2.1_VAE.pth layout (keys renamed with the shared pairings), pickled by torch.save: to torchax it
     becomes diffusers' own checkpoint, tensor for tensor (the way to normalise an original file), and validates; the
     pickle is read memory-mapped, so the conversion streams as from safetensors."""
-    model_name, _, model = full_size
+    model_name, source, _ = full_size
     pairing = json.loads((REPO.parent / "shared/data/source-formats/wan2.1-original.json").read_text())["keys"]
-    state = model.state_dict()
+    state = load_file(source / "diffusion_pytorch_model.safetensors")
     original = tmp_path / "Wan2.1_VAE.pth"
     torch.save({key: state[entry["diffusers"]] for key, entry in pairing.items()}, original)
     out = tmp_path / "torchax"
