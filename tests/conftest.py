@@ -60,14 +60,19 @@ def pytest_collection_modifyitems(items):
 
 @pytest.fixture(scope="session", autouse=True)
 def caches(tmp_path_factory):
-    """One JAX persistent compilation cache for this test process and the CLI runs it starts, new each session: the
-    many conversions of the same small checkpoints compile their validation steps once. One per xdist worker, as
-    JAX writes its entries in place (another process could read one half-written); tests of the cache itself and
-    of interrupted runs leave it out. The Flax models' structures are kept in a folder of the session's too, never
-    in the user's cache folder."""
+    """One JAX persistent compilation cache for the CLI runs this test process starts, new each session: the many
+    conversions of the same small checkpoints compile their validation steps once. One per xdist worker, as JAX
+    writes its entries in place (another process could read one half-written); tests of the cache itself and of
+    interrupted runs leave it out. This process itself compiles in memory only: it runs hundreds of models, and
+    compiling one of them while writing it to the cache segfaulted twice (in JAX's compile-and-write-cache path, an
+    LTX test late in a worker's life) where a CLI run, a few steps, never has. The Flax models' structures are kept in a folder of the session's too, never in the user's
+    cache folder."""
+    import jax
+
     from converter.api import COMPILE_CACHE_ENV
     from converter.structure_cache import STRUCTURE_CACHE_ENV
 
+    jax.config.update("jax_enable_compilation_cache", False)  # in this process only: a CLI run starts its own JAX
     with pytest.MonkeyPatch.context() as patch:
         patch.setitem(os.environ, COMPILE_CACHE_ENV, str(tmp_path_factory.mktemp("jax-compile-cache")))
         patch.setitem(os.environ, STRUCTURE_CACHE_ENV, str(tmp_path_factory.mktemp("structures")))

@@ -1,6 +1,6 @@
 """LTX-Video's VAE beyond the generic tests (which take its small configs, frame counts, tiling, mesh and export
 cases from models/ltx/testing.py): 0.9.1's noise injection fed diffusers' own draws, the timestep at two values and
-per batch entry, a non-square size, diffusers' framewise temporal tiles (with spatial tiles inside), the latent
+per batch entry, a non-square size, diffusers' framewise temporal tiles, the latent
 statistics carried by both targets and recorded in the manifest, diffusers reading the torchax output, and
 Lightricks' single files of each layout, their config taken from their metadata."""
 
@@ -27,9 +27,6 @@ ATOL = 1e-4
 LTX = FAMILIES["ltx"]
 LTX2 = FAMILIES["ltx2"]
 PAIRINGS = REPO / "tests" / "data" / "source-formats"
-TILES = dict(
-    tile_sample_min_height=64, tile_sample_min_width=64, tile_sample_stride_height=32, tile_sample_stride_width=32
-)
 
 
 @pytest.fixture(scope="module")
@@ -154,19 +151,16 @@ def test_non_square_decode_and_encode(ltx_095):
 def _framewise(models, reference, on: bool):
     for vae in (*models.values(), reference):
         vae.use_framewise_decoding = on
-        if on:
-            vae.enable_tiling(**TILES)
-        else:
-            vae.disable_tiling()
 
 
 @pytest.mark.slow
-def test_framewise_temporal_tiles_with_spatial_tiles_inside(ltx_095):
+def test_framewise_temporal_tiles(ltx_095):
     """diffusers' overlapping temporal tiles: decode drops each later tile's last frame, encode its first latent;
-    encode follows the decoding switch, as diffusers' _encode reads it."""
+    encode follows the decoding switch, as diffusers' _encode reads it. (Spatial tiles inside them are the spatial
+    tiling's own code, which tests/test_tiling.py compares; each tile shape is a compile, so not here too.)"""
     reference, models, _ = ltx_095
-    z = _latent(5, 3, 4, seed=4)
-    x = torch.rand(1, 3, 33, 96, 64, generator=torch.Generator().manual_seed(5)) * 2 - 1
+    z = _latent(4, 2, 2, seed=4)
+    x = torch.rand(1, 3, 25, 64, 64, generator=torch.Generator().manual_seed(5)) * 2 - 1
     with torch.no_grad():
         whole = reference.decode(z, temb=torch.tensor([0.05])).sample.numpy()
     _framewise(models, reference, True)
