@@ -65,8 +65,8 @@ def caches(tmp_path_factory):
     writes its entries in place (another process could read one half-written); tests of the cache itself and of
     interrupted runs leave it out. This process itself compiles in memory only: it runs hundreds of models, and
     compiling one of them while writing it to the cache segfaulted twice (in JAX's compile-and-write-cache path, an
-    LTX test late in a worker's life) where a CLI run, a few steps, never has. The Flax models' structures are kept in a folder of the session's too, never in the user's
-    cache folder."""
+    LTX test late in a worker's life) where a CLI run, a few steps, never has. The Flax models' structures are kept
+    in a folder of the session's too, never in the user's cache folder."""
     import jax
 
     from converter.api import COMPILE_CACHE_ENV
