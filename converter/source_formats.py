@@ -1,9 +1,9 @@
 """Which layout a checkpoint is in (diffusers' own, or an original release's: mappings/<family>.yaml `source_formats`),
 and its tensors under diffusers' names, which is what the target rules and the validation read.
 
-A format is recognised from the keys (its `signature`), where keys alike from how the file packs them (its
-`container`), or named with --source-format; a file of another family's format, or of another VAE variant, is told
-apart from a damaged one, and named."""
+A format is recognised from the keys (its `signature`) and, where formats share their keys, from how the file packs
+them (its `container`), or named with --source-format; a file of another family's format, or of another VAE variant,
+is told apart from a damaged one, and named."""
 
 from __future__ import annotations
 
