@@ -58,6 +58,16 @@ def constrain_activations(tree, mesh: Mesh | None):
     return jax.tree.map(constrain, tree)
 
 
+def whole_where_width_uneven(x, width: int):
+    """x replicated, inside a step traced on a mesh, where a width of `width` would not split evenly over "tp": XLA's
+    partitioner regroups an unevenly split width wrongly in LTX's space-to-depth (from 17 frames on, on every mesh
+    whose "tp" leaves a level's width uneven), so such a regrouping runs whole on each device."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or "tp" not in mesh.axis_names or width % mesh.shape["tp"] == 0:
+        return x
+    return jax.lax.with_sharding_constraint(x, PARAMETERS)
+
+
 def replicate(tree, mesh: Mesh | None):
     if mesh is None:
         return tree

@@ -19,6 +19,7 @@ from flax import nnx
 
 from ..common.conv import cpu_conv, prepadded_conv
 from ..common.inputs import expect_video
+from ..common.sharding import whole_where_width_uneven
 from ..common.steps_flax import run_clip
 from ..common.tiling import TilingMixin
 from .config import STRIDES, ConvStyle, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
@@ -40,6 +41,7 @@ def space_to_depth(x, stride):
     permute(0, 1, 3, 5, 7, 2, 4, 6) makes it."""
     b, t, h, w, c = x.shape
     st, sh, sw = stride
+    x = whole_where_width_uneven(x, w // sw)
     x = x.reshape(b, t // st, st, h // sh, sh, w // sw, sw, c).transpose(0, 1, 3, 5, 7, 2, 4, 6)
     return x.reshape(b, t // st, h // sh, w // sw, c * st * sh * sw)
 

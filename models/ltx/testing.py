@@ -50,8 +50,9 @@ TESTING = FamilyTesting(
         "ltx-0.9.5": LTX_095_SMALL,
     },
     # 1 + 8k video frames: each temporal downsampler halves 2k + 1 frames to k + 1 (test_ltx.py decodes 2 and 4
-    # latent frames elsewhere); test_sharding.py encodes the shortest clip of these on its meshes
-    parity_frames=((1, 3), (1, 9, 17)),
+    # latent frames and encodes 9 and 25 elsewhere); test_sharding.py encodes the shortest clip of these on its
+    # meshes (LTX-2's space-to-depth went wrong there from 17 frames: models/common/sharding.py)
+    parity_frames=((1, 3), (1, 17)),
     parity_video_size=64,
     decode_steps=1,
     tiling={
@@ -121,7 +122,7 @@ LTX2_VARIANT = dict(
 
 TESTING_LTX2 = FamilyTesting(
     small_configs={"default-arch": LTX2_SMALL, "ltx-2.3": LTX23_SMALL, "variant": LTX2_VARIANT},
-    parity_frames=((1, 3), (1, 9, 17)),
+    parity_frames=((1, 3), (1, 17)),
     parity_video_size=64,
     decode_steps=1,
     tiling={},
