@@ -451,7 +451,7 @@ FLAX_SAFETENSORS = ("--to", "flax", "--format", "safetensors", "--no-validate")
 def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str], compile_only=False) -> dict:
     latent, video = shapes
     _SPENT.clear()
-    if compile_only:  # no weights: the abstract model only (the 1.2B layouts, which a float32 run does not fit)
+    if compile_only:  # no weights: compiling needs the abstract model only
         return {"compile": _compile(model, layouts, smoke), "bench_seconds": dict(_SPENT)}
     made = time.perf_counter()
     source = work / f"{model}-source"

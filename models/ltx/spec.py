@@ -40,16 +40,16 @@ VALIDATION = dict(
 )
 
 
-def _ltx_video_from_metadata(metadata: dict):
-    from .original import config_from_metadata, ltx_video_config
+def _from_metadata(translation: str):
+    """A family's config_from_metadata: models/ltx/original.py's `translation` of the file's metadata VAE config,
+    imported on first use."""
 
-    return config_from_metadata(metadata, ltx_video_config)
+    def config_from_metadata(metadata: dict):
+        from . import original
 
+        return original.config_from_metadata(metadata, getattr(original, translation))
 
-def _ltx2_from_metadata(metadata: dict):
-    from .original import config_from_metadata, ltx2_config
-
-    return config_from_metadata(metadata, ltx2_config)
+    return config_from_metadata
 
 
 LTX = FamilySpec(
@@ -59,7 +59,7 @@ LTX = FamilySpec(
     torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKLLTXVideo"),
     testing=lazy(__package__, ".testing", "TESTING"),
     mapping_file="ltx.yaml",
-    config_from_metadata=_ltx_video_from_metadata,
+    config_from_metadata=_from_metadata("ltx_video_config"),
     models=(
         ModelName("ltx-video", "Lightricks/LTX-Video"),
         ModelName("ltx-video-0.9.0", "diffusers/LTX-Video-0.9.0"),
@@ -78,7 +78,7 @@ LTX2 = FamilySpec(
     torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKLLTX2Video"),
     testing=lazy(__package__, ".testing", "TESTING_LTX2"),
     mapping_file="ltx.yaml",
-    config_from_metadata=_ltx2_from_metadata,
+    config_from_metadata=_from_metadata("ltx2_config"),
     models=(
         ModelName("ltx-2", "Lightricks/LTX-2", config=LTX2_20_CONFIG),
         ModelName("ltx-2.3", "diffusers/LTX-2.3-Diffusers", config=LTX2_23_CONFIG),
