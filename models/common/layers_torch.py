@@ -2,8 +2,24 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn.functional as F
 from torch import nn
+
+
+def pad_edges(x, pads):
+    """x (B, C, T, H, W) padded by repeating its edge frames, rows and columns: `pads` is (before, after) for T, H
+    and W. Padded channels-last, the layout the convolutions read under torchax (converter/torchax_runtime.py): XLA
+    then materialises the padded input as they read it, not transposed."""
+    last = x.permute(0, 2, 3, 4, 1)
+    for axis, (before, after) in enumerate(pads, start=1):
+        if before or after:
+            edges = [last.narrow(axis, 0, 1), last.narrow(axis, last.shape[axis] - 1, 1)]
+            edges = [
+                edge.expand(*last.shape[:axis], n, *last.shape[axis + 1 :]) for edge, n in zip(edges, (before, after))
+            ]
+            last = torch.cat([edges[0], last, edges[1]], dim=axis)
+    return last.permute(0, 4, 1, 2, 3)
 
 
 class GroupNorm(nn.GroupNorm):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_video
-from ..common.layers_torch import GroupNorm
+from ..common.layers_torch import GroupNorm, pad_edges
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
@@ -27,11 +27,11 @@ class HunyuanVideoCausalConv3d(nn.Module):
     def __init__(self, in_channels, out_channels, kernel_size=3, stride=1):
         super().__init__()
         k = kernel_size
-        self.padding = (k // 2, k // 2, k // 2, k // 2, k - 1, 0)
+        self.padding = ((k - 1, 0), (k // 2, k // 2), (k // 2, k // 2))
         self.conv = nn.Conv3d(in_channels, out_channels, k, stride)
 
     def forward(self, x):
-        return self.conv(F.pad(x, self.padding, mode="replicate") if any(self.padding) else x)
+        return self.conv(pad_edges(x, self.padding))
 
 
 class HunyuanVideoUpsampleCausal3D(nn.Module):

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_video
+from ..common.layers_torch import pad_edges
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import STRIDES, ConvStyle, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
@@ -65,9 +66,7 @@ class LTXVideoCausalConv3d(nn.Module):
     def forward(self, x):
         k = self.kernel_size
         front, back = (k - 1, 0) if self.causal else ((k - 1) // 2, (k - 1) // 2)
-        if front or back:
-            x = torch.cat([x[:, :, :1].repeat(1, 1, front, 1, 1), x, x[:, :, -1:].repeat(1, 1, back, 1, 1)], dim=2)
-        return self.conv(x)
+        return self.conv(pad_edges(x, ((front, back), (0, 0), (0, 0))))
 
 
 class TimestepEmbedding(nn.Module):
