@@ -38,9 +38,10 @@ test-fast: install
 # The lowest releases setup.cfg allows (constraints-floors.txt; torch: the CPU wheel, see that file), on the tests
 # that cover each family and target, load, export and the mappings
 FLOOR_TESTS := tests/test_parity.py tests/test_model_api.py tests/test_export.py tests/test_published_configs.py
-# each family's default architecture and Wan 2.2's layout, both targets; not the other small configs, nor
-# Qwen-Image (Wan's code under another class): the same code
-FLOOR_SELECTION := not full_size and not other-config and not 3-levels and not fine_tuned and not qwenimage
+# each family's default architecture, both targets: the other small configs and layouts, and Qwen-Image (Wan's code
+# under another class), call the same library functions in other arrangements
+FLOOR_SELECTION := not full_size and not fine_tuned and not qwenimage and not other-config and not 3-levels \
+	and not wan2.2-layout and not ltx-0.9.5 and not ltx-2.3 and not variant
 $(FLOORS)/.installed: setup.cfg setup.py constraints-floors.txt
 	$(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/python -m pip install -q --upgrade pip

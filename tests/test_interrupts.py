@@ -12,7 +12,7 @@ import time
 
 from tests.helpers import REPO, environment_without_compile_cache, manifest, only
 
-RUNS = 7
+RUNS = 4
 
 
 def _start(source, out):
