@@ -14,12 +14,15 @@ def pad_edges(x, pads):
     last = x.permute(0, 2, 3, 4, 1)
     for axis, (before, after) in enumerate(pads, start=1):
         if before or after:
-            edges = [last.narrow(axis, 0, 1), last.narrow(axis, last.shape[axis] - 1, 1)]
-            edges = [
-                edge.expand(*last.shape[:axis], n, *last.shape[axis + 1 :]) for edge, n in zip(edges, (before, after))
-            ]
-            last = torch.cat([edges[0], last, edges[1]], dim=axis)
+            last = torch.cat([_edge(last, axis, 0, before), last, _edge(last, axis, -1, after)], dim=axis)
     return last.permute(0, 4, 1, 2, 3)
+
+
+def _edge(x, axis, index, copies):
+    """`copies` of x's slice `index` (0 or -1) along `axis`, broadcast as jnp.pad's edge mode does: sliced once per
+    copy instead, XLA fuses the activation before the padding (a SiLU) into the concatenation and recomputes it."""
+    edge = x.narrow(axis, index % x.shape[axis], 1)
+    return edge.expand(*x.shape[:axis], copies, *x.shape[axis + 1 :])
 
 
 class GroupNorm(nn.GroupNorm):
