@@ -201,7 +201,7 @@ def task_steady(paths: dict, latent: list, video: list, cache: str, rounds: int)
         for i, part in enumerate(("decode", "encode")):
             for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
                 # each timed call follows one of its own: right after another implementation's, the memory and
-                # caches it left slow the next one down (README, Performance)
+                # caches it left slow the next one down (docs/performance.md, Design decisions)
                 calls[impl][i]()
                 best[impl][part] = min(best[impl][part], _seconds_of(calls[impl][i]))
     return best
@@ -540,7 +540,7 @@ def _device() -> str:
 
 def _cpu() -> str:
     """The CPU as Linux names it, its cache and its widest vector units: one code's timings on this project's
-    machine move between days by more than changes move them (README, Performance); these say which CPU ran."""
+    machine move between days by more than changes move them (docs/performance.md, Design decisions); these say which CPU ran."""
     try:
         info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:

@@ -7,7 +7,7 @@ repeat: GET and HEAD on 408, 429 (after its Retry-After), 5xx, and connection or
 never reached the server (a refused connection) or was refused as rate-limited. A commit is retried a level up, in
 publish, where it can first check whether the failed attempt landed.
 
-The knobs (environment variables; README, The Hub):
+The knobs (environment variables; docs/usage.md, The Hub):
   VAE_CONVERT_HUB_TIMEOUT        seconds to connect, and between bytes of an answer (default 15)
   VAE_CONVERT_HUB_RETRIES        retries of one request (default 5)
   VAE_CONVERT_HUB_RETRY_SECONDS  how long a streak of failures may last before giving up (default 40)

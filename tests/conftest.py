@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,35 @@ from tests.fake_hub import FakeHub, Repo  # noqa: E402
 from tests.helpers import save_diffusers  # noqa: E402
 
 WAN = FAMILIES["wan"]
+REPO = Path(__file__).resolve().parent.parent
+
+
+class ReadBesideTheRepository(OSError):
+    """A test read a file beside the repository: a clone alone would not have it (tests/data/README.md)."""
+
+
+def _beside_the_repository(path) -> bool:
+    """Whether `path` lies in the folder holding the repository but outside the repository, the environment and the
+    temporary folder: where a clone's neighbours (a `../shared`, another checkout) would be."""
+    if isinstance(path, int):
+        return False
+    path = os.path.abspath(os.fsdecode(path))
+    allowed = (str(REPO), sys.prefix, sys.base_prefix, tempfile.gettempdir(), os.path.expanduser("~"))
+    return path.startswith(str(REPO.parent) + os.sep) and not any(
+        path == root or path.startswith(root + os.sep) for root in allowed
+    )
+
+
+def _refuse_reads_beside_the_repository(event, args):
+    if event in ("open", "os.scandir", "os.listdir") and args and args[0] is not None:
+        if _beside_the_repository(args[0]):
+            raise ReadBesideTheRepository(f"{args[0]} lies beside the repository; copy it into tests/data/")
+
+
+# Every test process refuses to read beside the repository (unless the repository sits at the top of the file
+# system, where everything is beside it): a test that does fails here rather than in a clone that has nothing beside it
+if REPO.parent != Path(REPO.anchor):
+    sys.addaudithook(_refuse_reads_beside_the_repository)
 WAN_REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"  # the registry's repo for `wan2.1`
 
 # The modules that take longest, slowest first. pytest-xdist hands whole modules to its workers in collection order

@@ -18,6 +18,9 @@ from converter.registry import MODELS
 from converter.targets import TARGETS
 
 REPO = Path(__file__).resolve().parent.parent
+# the suite's data (tests/data/README.md says where each file comes from)
+DATA = REPO / "tests" / "data"
+PAIRINGS = DATA / "source-formats"
 
 
 def run_cli(*args, check=True, cwd=REPO, **kwargs) -> subprocess.CompletedProcess:

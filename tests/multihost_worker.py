@@ -43,4 +43,4 @@ if jax.process_index() == 0:
     np.savez(RESULTS, **results)
 jax.distributed.shutdown()
 sys.stdout.flush()
-os._exit(0)  # past a clean shutdown, the runtime's native teardown can hang (../shared/notes/multi-process.md)
+os._exit(0)  # past a clean shutdown, the runtime's native teardown can hang (docs/multihost.md)

@@ -1,5 +1,5 @@
 """Original release files as tests write them: a diffusers state_dict renamed with the pairings in
-../shared/data/source-formats/ or the project's tests/data/source-formats/ (the oracle for keys), pickled as released;
+tests/data/source-formats/ (the oracle for keys), pickled as released;
 and the comparison of two outputs' tensors."""
 
 from __future__ import annotations
@@ -10,10 +10,8 @@ import numpy as np
 import torch
 
 from converter.targets import read_output
-from tests.helpers import REPO, family_cases, small
+from tests.helpers import PAIRINGS, family_cases, small
 
-# the shared pairings, and the project's own (formats added since: made by the scripts beside them)
-PAIRINGS = (REPO.parent / "shared" / "data" / "source-formats", REPO / "tests" / "data" / "source-formats")
 # Each family's original formats as its test data writes them (models/<family>/testing.py): by format, (family,
 # OriginalFileCase). The validation decode/encode runs for one target per format (it checks the reference sees the
 # renamed weights); the other target's output is proven by equality with the diffusers checkpoint's conversion.
@@ -28,9 +26,8 @@ def released_config(fmt: str) -> tuple[str, dict]:
 
 
 def pairing(fmt: str) -> dict[str, str]:
-    """original key -> diffusers key, as the shared pairings list them."""
-    path = next(folder / f"{fmt}.json" for folder in PAIRINGS if (folder / f"{fmt}.json").exists())
-    keys = json.loads(path.read_text())["keys"]
+    """original key -> diffusers key, as the pairings list them."""
+    keys = json.loads((PAIRINGS / f"{fmt}.json").read_text())["keys"]
     return {original: entry["diffusers"] for original, entry in keys.items()}
 
 

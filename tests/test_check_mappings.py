@@ -14,7 +14,7 @@ from converter.cli import cli
 from converter.errors import MappingError
 from converter.mapping import MAPPINGS_DIR
 from converter.registry import FAMILIES, configs_to_check
-from tests.helpers import REPO
+from tests.helpers import PAIRINGS, REPO
 
 REAL = (MAPPINGS_DIR / "wan.yaml").read_text()
 
@@ -130,9 +130,6 @@ def test_malformed_file_names_file_and_line(tmp_path, edit, message):
     assert re.search(rf"{re.escape(str(path))}:\d+", result.output)
 
 
-PAIRINGS = MAPPINGS_DIR.parent.parent / "shared" / "data" / "source-formats"
-
-
 def _formats(tmp_path, text):
     _, result = _check(tmp_path, text, "--target", "torchax", "--pairings", str(PAIRINGS))
     return result
@@ -148,11 +145,9 @@ def test_source_formats_proven_against_the_pairings(tmp_path):
 
 
 def test_ltx_single_files_proven_against_the_project_s_pairings(tmp_path):
-    """LTX's pairings live in the project (tests/data/source-formats/), beside the shared ones: check-mappings takes
-    both folders."""
-    own = MAPPINGS_DIR.parent / "tests" / "data" / "source-formats"
+    """LTX's pairings, and a signature key that only a drop rule takes."""
     args = ["check-mappings", str(MAPPINGS_DIR / "ltx.yaml"), "--target", "torchax"]
-    result = CliRunner().invoke(cli, [*args, "--pairings", str(PAIRINGS), "--pairings", str(own)])
+    result = CliRunner().invoke(cli, [*args, "--pairings", str(PAIRINGS)])
     assert result.exit_code == 0, result.output
     for fmt, pairings, keys in (
         ("ltx-0.9.0", "ltx-0.9.0", 190),
@@ -166,7 +161,7 @@ def test_ltx_single_files_proven_against_the_project_s_pairings(tmp_path):
     text = (MAPPINGS_DIR / "ltx.yaml").read_text()
     path = tmp_path / "ltx.yaml"
     path.write_text(text.replace("audio_vae.per_channel_statistics.mean-of-means]", "vae.audio_only_key]"))
-    broken = CliRunner().invoke(cli, ["check-mappings", str(path), *args[2:], "--pairings", str(own)])
+    broken = CliRunner().invoke(cli, ["check-mappings", str(path), *args[2:], "--pairings", str(PAIRINGS)])
     assert broken.exit_code == MappingError.exit_code
     assert "signature key 'vae.audio_only_key'" in broken.output and "is not a key of ltx-2.0.json nor dropped" in (
         broken.output

@@ -61,3 +61,60 @@ def test_the_documented_import_graph_is_the_real_one():
 def test_the_docs_hold_the_current_benchmark_tables():
     result = subprocess.run([sys.executable, "-m", "bench.docs", "--check"], cwd=REPO, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+# A pointer to a section: `(README, Performance)`, `docs/usage.md, The Hub`, `(README, "When things go wrong")`
+SECTION_POINTER = re.compile(r"\b(README|[\w/-]+\.md)[,;] \"?([A-Z][^\",;)`]*)")
+# A path in the repository, unless it is a pattern (`tests/test_<family>.py`, `latest.{md,json}`)
+PATH_POINTER = re.compile(r"(?<![\w/.<-])((?:converter|models|mappings|tests|bench|docs|\.ci)/[\w./-]*)([<{*]?)")
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _headings(path) -> list[str]:
+    return [h.strip() for h in re.findall(r"^#+ (.+)$", path.read_text(), re.M)]
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def _pointer_sources() -> list[str]:
+    """The tracked files that may point elsewhere: code, docs, mappings, build files (not data nor results)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
+    kinds = {".py", ".md", ".yaml", ".cfg", ".toml"}
+    return [
+        name
+        for name in tracked
+        if (name.endswith(tuple(kinds)) or name in ("Makefile", ".ci/run")) and not name.startswith("bench/results/")
+    ]
+
+
+def test_every_pointer_to_a_file_or_section_resolves():
+    """Comments and docs point at files, sections and anchors that exist: a guide that moves takes its pointers
+    along."""
+    broken = []
+    for name in _pointer_sources():
+        path = REPO / name
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            where = f"{name}:{number}"
+            for target, section in SECTION_POINTER.findall(line):
+                target = REPO / ("README.md" if target == "README" else target)
+                if not target.exists():
+                    broken.append(f"{where}: no file {target.relative_to(REPO)}")
+                elif not any(h.lower().startswith(section.strip().lower()) for h in _headings(target)):
+                    broken.append(f"{where}: no section {section.strip()!r} in {target.relative_to(REPO)}")
+            paths = [p.rstrip(".") for p, pattern in PATH_POINTER.findall(line) if not pattern]
+            broken += [f"{where}: no path {p}" for p in paths if not (REPO / p).exists()]
+            if not name.endswith(".md"):
+                continue
+            for link in LINK.findall(line):
+                if re.match(r"\w+:", link):
+                    continue
+                file, _, anchor = link.partition("#")
+                target = (path.parent / file).resolve() if file else path
+                if not target.exists():
+                    broken.append(f"{where}: no file {link}")
+                elif anchor and anchor not in {_slug(h) for h in _headings(target)}:
+                    broken.append(f"{where}: no anchor {link}")
+    assert not broken, "\n".join(broken)

@@ -16,7 +16,7 @@ import torch
 from safetensors.torch import load_file
 
 from converter.registry import MODELS, first_of_each_variant
-from tests.helpers import REPO, manifest, run_cli, save_diffusers
+from tests.helpers import PAIRINGS, REPO, manifest, run_cli, save_diffusers
 
 FULL_SIZE = {entry.name: entry.family for entry in first_of_each_variant() if entry.family.testing().full_size}
 
@@ -58,11 +58,11 @@ def test_conversion_streams(full_size, tmp_path):
 
 @pytest.mark.parametrize("full_size", ["wan2.1"], indirect=True)
 def test_full_size_original_wan21_file(full_size, tmp_path):
-    """Wan-Video's Wan2.1_VAE.pth layout (keys renamed with the shared pairings), pickled by torch.save: to torchax it
+    """Wan-Video's Wan2.1_VAE.pth layout (keys renamed with the pairings), pickled by torch.save: to torchax it
     becomes diffusers' own checkpoint, tensor for tensor (the way to normalise an original file), and validates; the
     pickle is read memory-mapped, so the conversion streams as from safetensors."""
     model_name, source, _ = full_size
-    pairing = json.loads((REPO.parent / "shared/data/source-formats/wan2.1-original.json").read_text())["keys"]
+    pairing = json.loads((PAIRINGS / "wan2.1-original.json").read_text())["keys"]
     state = load_file(source / "diffusion_pytorch_model.safetensors")
     original = tmp_path / "Wan2.1_VAE.pth"
     torch.save({key: state[entry["diffusers"]] for key, entry in pairing.items()}, original)

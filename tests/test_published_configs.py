@@ -1,4 +1,4 @@
-"""Every published vae/config.json in ../shared/data/configs (verbatim copies; Wan 2.2's reconstructed from a verbatim
+"""Every published vae/config.json in tests/data/configs (verbatim copies; Wan 2.2's reconstructed from a verbatim
 re-save) plans with --dry-run under its model's name, beside weights of the shapes it implies. The weights are a
 sparse file: only the safetensors header is written, so the 2.8 GB Wan 2.2 checkpoint costs no disk."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from converter.registry import MODELS, config_from_dict
 from converter.targets import meta_torch
-from tests.helpers import REPO, fails, run_cli
+from tests.helpers import DATA, fails, run_cli
 
-CONFIGS = REPO.parent / "shared" / "data" / "configs"
+CONFIGS = DATA / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.json"))
 
 

@@ -1,5 +1,5 @@
 """Original release files (each family's formats: Wan2.1_VAE.pth, Wan2.2_VAE.pth, CogVideoX's SAT
-3d-vae.pt), written from a diffusers model by renaming its keys with the pairings in ../shared/data/source-formats/
+3d-vae.pt), written from a diffusers model by renaming its keys with the pairings in tests/data/source-formats/
 (the oracle for keys): through the CLI they convert to exactly what the diffusers-format checkpoint converts to, and
 what does not fit is refused in one line, leaving nothing behind."""
 

@@ -3,7 +3,7 @@
 3x3 float32 layers with many output positions go through Winograd's F(2, 3) along the height, 4 products for each
 2 rows of output instead of 6; other 3D ones become one 2D convolution per time tap, which XLA:CPU runs much faster
 than its 3D ones, or, when there are few output positions, one batched matrix product over the window's taps, which
-reads a large kernel better than either (README, Performance, has the measurements); a wide layer's kernel larger
+reads a large kernel better than either (docs/performance.md, Design decisions); a wide layer's kernel larger
 than its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's convolutions,
 which are their fast path. All compute the same convolution; only the order of additions differs. On a mesh that
 splits the width, each layer first takes its halo columns from its neighbours, once.
@@ -22,14 +22,14 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
 # Options for compiling the models' steps. XLA:CPU hands convolutions to YNNPACK by default; with that off it runs
-# them with its Eigen kernels, which are faster for these layers (README, Performance, has the measurements). An
+# them with its Eigen kernels, which are faster for these layers (docs/performance.md, Design decisions). An
 # xla_cpu_* option is read by the CPU compiler only.
 STEP_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
-# Input times output channels from which XLA:CPU's conv3d keeps up with per-tap 2D convolutions (README, Performance).
+# Input times output channels from which XLA:CPU's conv3d keeps up with per-tap 2D convolutions (docs/performance.md, Design decisions).
 WIDE_LAYER = 1024 * 1024
 # Output positions per channel from which Winograd's transforms, the kernel's above all, cost less than the products
-# they save (README, Performance).
+# they save (docs/performance.md, Design decisions).
 WINOGRAD_POSITIONS_PER_CHANNEL = 2
 
 
@@ -147,7 +147,7 @@ def _with_width_halo(conv, lhs, rhs, padding, mesh):
     """conv(lhs, rhs, padding) on a mesh that splits lhs's batch over "dp" and its width over "tp": each device takes
     its neighbours' edge columns once, then convolves its own columns with no width padding. Left to XLA's
     partitioner, every width-padded convolution inside conv exchanges its own halo, a Winograd layer's 4 products 8
-    times, each with a haloed copy of its input (README, Performance)."""
+    times, each with a haloed copy of its input (docs/performance.md, Design decisions)."""
     (lo, hi), tp = tuple(padding[-1]), mesh.shape["tp"]
     spec = P("dp", *(None,) * (lhs.ndim - 3), "tp", None)
 
@@ -207,7 +207,7 @@ def tap_matmul(lhs, rhs, strides, padding, precision=None, preferred_element_typ
 # domain, G the kernel's 3 rows, A^T the 4 products back to the tile's 2 rows of output. Each product is one 2D
 # convolution over (time, width), so a layer is 4 of them at half the height each: 2 output-heights of convolution
 # instead of 3, with no copies of frames per time tap. F(4, 3) saves more products but has XLA compile half as much
-# again per step (README, Performance).
+# again per step (docs/performance.md, Design decisions).
 _BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
 _G = ((1, 0, 0), (0.5, 0.5, 0.5), (0.5, -0.5, 0.5), (0, 0, 1))
 _AT = ((1, 1, 1, 0), (0, 1, -1, -1))
@@ -248,7 +248,7 @@ def _combine(coefficients, terms):
 
 def _after(kernel, data):
     """The float32 kernel, bit for bit, made once `data` is: a layer's kernel transforms then wait for the layer.
-    Left free, XLA:CPU's scheduler makes every layer's at the top of a step, all alive at once (README, Performance).
+    Left free, XLA:CPU's scheduler makes every layer's at the top of a step, all alive at once (docs/performance.md, Design decisions).
     The dependency: the kernel's bits or'ed with those of data's first element shifted right past their width, which
     XLA defines as 0 whatever the value, and does not fold away."""
     zero = lax.shift_right_logical(lax.bitcast_convert_type(data[(0,) * data.ndim], jnp.int32), jnp.int32(32))
