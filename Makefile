@@ -6,7 +6,7 @@ DEMO := build/demo
 
 FLOORS := .venv-floors
 
-.PHONY: demo test test-fast install test-floors
+.PHONY: demo test test-fast test-family install test-floors
 
 install: $(VENV)/.installed
 
@@ -24,24 +24,27 @@ demo: install
 	$(VENV)/bin/vae-convert wan2.1 --source $(DEMO)/wan2.1-random --to flax --out $(DEMO)/wan2.1-flax
 	$(VENV)/bin/vae-convert wan2.1 --source $(DEMO)/wan2.1-random --to torchax --dtype bfloat16 --out $(DEMO)/wan2.1-torchax
 
-# two workers, whole modules each (their fixtures convert once per module), the slowest modules first (tests/conftest.py);
-# two, not one per core, bounds memory. A worker that crashes is replaced once (xdist reruns its module from the
-# start): a second crash ends the run with the test named rather than rerunning the module until CI's time is out
-PYTEST := $(PY) -m pytest -q -n 2 --dist loadscope --no-loadscope-reorder --max-worker-restart=1
+# two workers (two, not one per core, bounds memory), each taking whole work units: a module, or one family's case of
+# a generic module (tests/conftest.py), so module fixtures convert once; the slowest first so that neither worker idles
+# at the end. A worker that crashes is replaced once (xdist reruns its unit from the start): a second crash ends the
+# run with the test named rather than rerunning the unit until CI's time is out
+PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart=1
 test: install
 	$(PYTEST)
 
-# the inner loop: every module's basic cases (tests/conftest.py marks the rest slow), under 5 minutes
+# the inner loop, under 5 minutes: every family's default-architecture parity on both targets, the protocol, every
+# module's basic behaviour; what costs more is marked slow where it is written
 test-fast: install
 	$(PYTEST) -m "not slow"
 
-# The lowest releases setup.cfg allows (constraints-floors.txt; torch: the CPU wheel, see that file), on the tests
-# that cover each family and target, load, export and the mappings
+# every test of one family (F=wan, F=ltx, ...): its cases of the generic tests and its own test file
+test-family: install
+	$(PYTEST) --family $(F)
+
+# The lowest releases setup.cfg allows (constraints-floors.txt; torch: the CPU wheel, see that file), on the fast tier
+# of the tests that cover each family and target, load, export and the mappings: every registered family's
+# default-architecture parity on both targets (the other configs call the same library functions in other arrangements)
 FLOOR_TESTS := tests/test_parity.py tests/test_model_api.py tests/test_export.py tests/test_published_configs.py
-# each family's default architecture, both targets: the other small configs and layouts, and Qwen-Image (Wan's code
-# under another class), call the same library functions in other arrangements
-FLOOR_SELECTION := not full_size and not fine_tuned and not qwenimage and not other-config and not 3-levels \
-	and not wan2.2-layout and not ltx-0.9.5 and not ltx-2.3 and not variant
 $(FLOORS)/.installed: setup.cfg setup.py constraints-floors.txt
 	$(PYTHON) -m venv $(FLOORS)
 	$(FLOORS)/bin/python -m pip install -q --upgrade pip
@@ -52,5 +55,5 @@ $(FLOORS)/.installed: setup.cfg setup.py constraints-floors.txt
 
 test-floors: $(FLOORS)/.installed
 	$(FLOORS)/bin/vae-convert --version
-	$(FLOORS)/bin/python -m pytest -q -n 2 --dist loadscope -k "$(FLOOR_SELECTION)" $(FLOOR_TESTS)
+	$(FLOORS)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" $(FLOOR_TESTS)
 	$(FLOORS)/bin/vae-convert check-mappings

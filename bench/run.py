@@ -512,7 +512,8 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
 
 
 def _compile(model: str, layouts: list[str], smoke: bool) -> dict:
-    devices = {"XLA_FLAGS": f"--xla_force_host_platform_device_count={SIMULATED_DEVICES}"}
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={SIMULATED_DEVICES}"
+    devices = {"XLA_FLAGS": flags.strip()}  # the caller's other flags kept
     fitting = [layout for layout in layouts if _fits(LAYOUTS[layout])]
     return _task("compile", env=devices, model=model, layouts=fitting, smoke=smoke) if fitting else {}
 
@@ -540,7 +541,8 @@ def _device() -> str:
 
 def _cpu() -> str:
     """The CPU as Linux names it, its cache and its widest vector units: one code's timings on this project's
-    machine move between days by more than changes move them (docs/performance.md, Design decisions); these say which CPU ran."""
+    machine move between days by more than changes move them (docs/performance.md, Design decisions); these say which
+    CPU ran."""
     try:
         info = Path("/proc/cpuinfo").read_text().split("\n\n")[0]
     except OSError:

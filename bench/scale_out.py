@@ -177,7 +177,7 @@ def _child_env(devices: int) -> dict:
         **env,
         STRUCTURE_CACHE_ENV: "off",
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip(),
     }
 
 

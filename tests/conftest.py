@@ -9,6 +9,12 @@ from pathlib import Path
 
 import pytest
 
+# The tests compile hundreds of small models once each: XLA's CPU backend compiles them without LLVM's optimisations,
+# which take most of a small model's compile time (a parity case: 13 s -> 8 s) and change no result beyond rounding.
+# Set before JAX is imported, here and in every process a test starts (they inherit the environment).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+
 # the helpers' asserts (what a folder holds, an exit code) report their values, as the tests' own do
 pytest.register_assert_rewrite("tests.helpers")
 
@@ -48,16 +54,16 @@ if REPO.parent != Path(REPO.anchor):
     sys.addaudithook(_refuse_reads_beside_the_repository)
 WAN_REPO = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"  # the registry's repo for `wan2.1`
 
-# The modules that take longest, slowest first. pytest-xdist hands whole modules to its workers in collection order
-# (`--no-loadscope-reorder`, Makefile), so the modules started last are short ones and neither worker idles long at
-# the end; by default it would order them by their number of tests, which put the slowest ones last.
+# The modules that take longest, slowest first. pytest-xdist hands out work units in collection order
+# (`--no-loadscope-reorder`, Makefile), so the units started last are short ones and neither worker idles long at the
+# end; by default it would order them by their number of tests, which put the slowest ones last.
 SLOWEST_MODULES = (
     "test_parity.py",
     "test_tiling.py",
+    "test_full_size.py",
     "test_source_formats.py",
     "test_wan.py",
     "test_sharding.py",
-    "test_full_size.py",
     "test_interrupts.py",
     "test_multihost.py",
     "test_export.py",
@@ -66,28 +72,41 @@ SLOWEST_MODULES = (
 )
 
 
-# `make test-fast` (-m "not slow") leaves out these modules, every parametrised case of a test but its first, and the
-# tests marked slow in their modules: each module's basic behaviour stays in the fast tier, the variations (other
-# families, configs, formats) in the full one.
-SLOW_MODULES = {
-    "test_full_size.py",
-    "test_multihost.py",
-    "test_bench.py",
-    "test_interrupts.py",
-    "test_install.py",
-    "test_sharding.py",
-}
+def pytest_addoption(parser):
+    parser.addoption(
+        "--family",
+        action="append",
+        default=[],
+        help="run only this family's tests: its cases of the generic tests and its own test file (make test-family)",
+    )
 
 
-def pytest_collection_modifyitems(items):
+def item_family(item) -> set[str]:
+    """The families a test is about: its `family` marks (tests.helpers.family_params, per_family) and, for a family's
+    own test file (tests/test_<folder>.py), every family in that folder."""
+    names = {mark.args[0] for mark in item.iter_markers("family")}
+    folder = item.path.stem.removeprefix("test_")
+    return names | {name for name, family in FAMILIES.items() if family.folder == folder}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOWEST_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each module's own order is kept
-    first_cases = set()
+    # A work unit is a module (its module fixtures set up once), or one family case of a generic module (its fixture
+    # converts that case once): the generic modules' cases spread over the workers.
     for item in items:
-        test = (item.path.name, getattr(item, "originalname", item.name))
-        if item.path.name in SLOW_MODULES or (hasattr(item, "callspec") and test in first_cases):
-            item.add_marker(pytest.mark.slow)
-        first_cases.add(test)
+        cases = [mark.kwargs["case"] for mark in item.iter_markers("family") if "case" in mark.kwargs]
+        item.add_marker(pytest.mark.xdist_group(":".join([item.path.name, *cases[:1]])))
+    wanted = set(config.getoption("family"))
+    if wanted:
+        unknown = wanted - {*FAMILIES, *(family.folder for family in FAMILIES.values())}
+        if unknown:
+            raise pytest.UsageError(f"--family {', '.join(sorted(unknown))}: known: {', '.join(FAMILIES)}")
+        wanted |= {name for name, family in FAMILIES.items() if family.folder in wanted}
+        deselected = [item for item in items if not item_family(item) & wanted]
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = [item for item in items if item_family(item) & wanted]
 
 
 @pytest.fixture(scope="session", autouse=True)

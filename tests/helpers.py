@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from converter.models.common.spec import FamilySpec
@@ -39,13 +40,19 @@ def run_cli(*args, check=True, cwd=REPO, **kwargs) -> subprocess.CompletedProces
 def report_on_8_devices(script: str, *args) -> dict:
     """The JSON that `script` prints last, run in a fresh process with 8 simulated CPU devices (XLA reads the flag
     when JAX starts, so not in this process)."""
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    env = with_simulated_devices(8)
     result = subprocess.run(
         [sys.executable, "-c", script, *map(str, args)], cwd=REPO, env=env, capture_output=True, text=True
     )
     if result.returncode != 0:
         raise AssertionError(f"the script exited {result.returncode}:\n{result.stderr[-4000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def with_simulated_devices(count: int) -> dict:
+    """This process's environment with `count` simulated CPU devices for a child process (its other XLA flags kept)."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
+    return {**os.environ, "XLA_FLAGS": flags.strip()}
 
 
 def environment_without_compile_cache() -> dict:
@@ -112,6 +119,38 @@ def family_cases(cases) -> dict:
     }
 
 
+def family_params(cases: dict, fast=lambda family, which: which == "default-arch") -> list:
+    """The keys of `cases` (family_cases) as pytest params: each marked with its family (`make test-family`, and its
+    own work unit on the test workers, conftest.py) and, where `fast(family, which)` is false, slow (`make test-fast`
+    leaves it out). By default each family's default architecture is fast: its parity is the fast tier's core."""
+    return [
+        pytest.param(
+            key,
+            id=key,
+            marks=[pytest.mark.family(family.name, case=key)] + [pytest.mark.slow] * (not fast(family, which)),
+        )
+        for key, (family, which, _) in cases.items()
+    ]
+
+
+def first_family_only(family: FamilySpec, which: str) -> bool:
+    """`family_params`' `fast` for modules whose basic behaviour one case shows: the first family's default
+    architecture; the other families' cases are variations (the full tier)."""
+    from converter.registry import FAMILIES
+
+    return family.name == next(iter(FAMILIES)) and which == "default-arch"
+
+
+def per_family(fast=lambda family: True) -> list:
+    """Every registered family as pytest params, each marked with its family (and slow where `fast` says so)."""
+    from converter.registry import FAMILIES
+
+    return [
+        pytest.param(family, id=name, marks=[pytest.mark.family(name)] + [pytest.mark.slow] * (not fast(family)))
+        for name, family in FAMILIES.items()
+    ]
+
+
 def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) -> torch.nn.Module:
     """A diffusers VAE of `family` with every parameter perturbed (norms and biases too, so a mapping that misplaces
     them shows), saved with diffusers' own `save_pretrained`."""
@@ -145,7 +184,8 @@ def converted_by_cli(model: str, config: dict, root: Path, targets=tuple(TARGETS
         # parity and tiling compare with diffusers themselves: the CLI's own validation (its tests are
         # test_full_size.py, test_source_formats.py and test_sources.py) and its picture (test_preview.py) are skipped
         args = ("--source", root / "vae", "--to", target, "--out", root / target, "--no-validate")
-        run_cli(model, *args)
+        result = run_in_process(model, *args)
+        assert result.returncode == 0, result.stdout + result.stderr
         models[target] = converter.load(root / target)
     return reference, models
 

@@ -4,7 +4,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow  # the benchmark's every task, each a fresh process
 
 
 def test_benchmark_smoke_mode(tmp_path):

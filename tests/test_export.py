@@ -16,7 +16,17 @@ from safetensors.numpy import load_file, save_file
 
 import converter
 from converter.registry import FAMILIES
-from tests.helpers import fails, family_cases, manifest, run_cli, runner, save_diffusers, small
+from tests.helpers import (
+    fails,
+    family_cases,
+    family_params,
+    first_family_only,
+    manifest,
+    run_cli,
+    runner,
+    save_diffusers,
+    small,
+)
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 ATOL = 1e-4
@@ -24,7 +34,7 @@ ATOL = 1e-4
 CASES = family_cases(lambda testing: {which: which for which in testing.export})
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=family_params(CASES, first_family_only))
 def diffusers_source(request, tmp_path_factory):
     family, which, _ = CASES[request.param]
     name, config = small(family, which)

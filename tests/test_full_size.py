@@ -18,10 +18,14 @@ from safetensors.torch import load_file
 from converter.registry import MODELS, first_of_each_variant
 from tests.helpers import PAIRINGS, REPO, manifest, run_cli, save_diffusers
 
+pytestmark = pytest.mark.slow  # every test converts a model of 100-700 M parameters
+
 FULL_SIZE = {entry.name: entry.family for entry in first_of_each_variant() if entry.family.testing().full_size}
 
 
-@pytest.fixture(scope="module", params=list(FULL_SIZE))
+@pytest.fixture(
+    scope="module", params=[pytest.param(name, marks=pytest.mark.family(f.name)) for name, f in FULL_SIZE.items()]
+)
 def full_size(request, tmp_path_factory):
     """(model name, the saved checkpoint's folder, its tensor and parameter counts): the model itself is not kept, as
     the conversions beside it need the memory."""

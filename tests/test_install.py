@@ -15,7 +15,11 @@ import venv
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import REPO
+
+pytestmark = pytest.mark.slow  # fresh virtual environments and a wheel build
 
 
 def test_wheel_installs_one_namespace_and_ignores_a_local_models_package(tmp_path):

@@ -10,7 +10,12 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from tests.helpers import REPO, environment_without_compile_cache, manifest, only
+
+pytestmark = pytest.mark.slow  # conversions signalled at many moments
+
 
 RUNS = 4
 

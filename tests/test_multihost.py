@@ -4,17 +4,19 @@ to the single-process results once gathered."""
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+import pytest
 
 import converter
 from converter.registry import FAMILIES
-from tests.helpers import REPO
+from tests.helpers import REPO, with_simulated_devices
+
+pytestmark = pytest.mark.slow  # a 2-process JAX job
 
 PROCESSES, DEVICES_EACH = 2, 4
 RTOL = 1e-5  # relative to the output's scale, as tests/test_sharding.py
@@ -29,8 +31,7 @@ def _free_port() -> int:
 def _launch(out, results, channels, timeout=300) -> list[subprocess.CompletedProcess]:
     """Starts every process of the job; each still running after `timeout` is killed by its PID."""
     env = {
-        **os.environ,
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES_EACH}",
+        **with_simulated_devices(DEVICES_EACH),
         "JAX_PLATFORMS": "cpu",
         "PYTHONUNBUFFERED": "1",
     }

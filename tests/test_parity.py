@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import converter
-from tests.helpers import converted_by_cli, decode_inputs, family_cases, run_cli, runner, small
+from tests.helpers import converted_by_cli, decode_inputs, family_cases, family_params, run_cli, runner, small
 
 ATOL = 1e-4
 LATENT_SIZE = 4
@@ -18,7 +18,7 @@ LATENT_SIZE = 4
 CASES = family_cases(lambda testing: testing.small_configs)
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=family_params(CASES))
 def converted(request, tmp_path_factory):
     family, which, _ = CASES[request.param]
     name, config = small(family, which)

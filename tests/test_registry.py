@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from converter import registry
-from tests.helpers import REPO
+from tests.helpers import REPO, per_family
 
 GENERIC = ["test_parity.py", "test_tiling.py", "test_sharding.py", "test_export.py", "test_compile_cache.py"]
 
@@ -29,19 +29,33 @@ registry.register(dataclasses.replace(wan, name="throwaway", models=models))
 def test_a_family_registered_at_runtime_appears_in_the_generic_tests(tmp_path):
     (tmp_path / "throwaway_family.py").write_text(PLUGIN)
     modules = [f"tests/{m}" for m in GENERIC]
+    collected = _collect(tmp_path, *modules)
+    for module in modules:
+        cases = [test.partition("[")[2] for test in collected if test.startswith(module)]
+        wan = {case.replace("wan", "throwaway", 1) for case in cases if case.startswith("wan")}
+        assert wan, module
+        assert wan <= set(cases), (module, sorted(wan - set(cases)))
+    # its default architecture's parity is in the fast tier, and `make test-family F=throwaway` runs its cases
+    fast, family = (
+        _collect(tmp_path, *options, "tests/test_parity.py")
+        for options in (["-m", "not slow"], ["--family", "throwaway"])
+    )
+    for direction in ("decode", "encode"):
+        assert f"tests/test_parity.py::test_{direction}_matches_diffusers[throwaway-default-arch]" in fast
+    assert family and all("throwaway" in test for test in family), family
+
+
+def _collect(tmp_path, *args) -> list[str]:
+    """The tests pytest collects with the throwaway family registered, by node id."""
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "throwaway_family", *modules],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "throwaway_family", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{REPO}"},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    for module in modules:
-        cases = [line.partition("[")[2] for line in result.stdout.splitlines() if line.startswith(module)]
-        wan = {case.replace("wan", "throwaway", 1) for case in cases if case.startswith("wan")}
-        assert wan, module
-        assert wan <= set(cases), (module, sorted(wan - set(cases)))
+    return [line for line in result.stdout.splitlines() if "::" in line]
 
 
 def test_names_are_registered_once():
@@ -51,19 +65,23 @@ def test_names_are_registered_once():
     assert "other" not in registry.FAMILIES
 
 
-@pytest.mark.parametrize("family", list(registry.FAMILIES.values()), ids=list(registry.FAMILIES))
+@pytest.mark.parametrize("family", per_family())
 def test_every_family_implements_the_model_protocol(family):
     """Both implementations, built abstractly (no weights), have what the chunk runners, tiling, validation and the
     converter use (models/common/protocol.py)."""
     import numpy as np
 
     from converter import targets
-    from converter.models.common.protocol import FlaxVAE, Part, TorchVAE
+    from converter.models.common.protocol import FlaxVAE, Part, TorchVAE, signature_problems
 
     config = family.config_class.from_dict(family.testing().small_configs["default-arch"])
     flax_model = targets.TARGETS["flax"].empty_model(family, config, np.float32).model
     torch_model = targets.meta_torch(family, config)
     assert isinstance(flax_model, FlaxVAE) and isinstance(torch_model, TorchVAE)
+    # callable as the protocol declares: the runners, tiling and validation pass arguments as it says
+    for model, protocol in ((flax_model, FlaxVAE), (torch_model, TorchVAE)):
+        assert signature_problems(type(model), protocol) == []
+        assert signature_problems(type(model.encoder), Part) == signature_problems(type(model.decoder), Part) == []
     for model in (flax_model, torch_model):
         assert isinstance(model.encoder, Part) and isinstance(model.decoder, Part)
         assert model.tile_plan("decoder") is None  # tiling is off until enabled, as in diffusers
@@ -71,6 +89,29 @@ def test_every_family_implements_the_model_protocol(family):
         assert model.tile_plan("decoder") is not None and model.tile_plan("encoder") is not None
         model.disable_tiling()
     assert family.validation_latent_shape(config)[0] == family.validation_video_shape(config)[0]
+
+
+def test_the_protocol_check_refuses_arguments_in_another_order():
+    """LTX's decode once took `step` after its timestep, and worked only because every caller passed it by keyword."""
+    from converter.models.common.protocol import TorchVAE, signature_problems
+    from converter.models.ltx.modeling_torch import AutoencoderKLLTXVideo
+
+    class StepSecond(AutoencoderKLLTXVideo):
+        def decode(self, z, step=None, temb=None, noise=None): ...
+
+    class ExtraInputRequired(AutoencoderKLLTXVideo):
+        def decode(self, z, temb, *, step=None, noise=None): ...
+
+    class ZLast(AutoencoderKLLTXVideo):
+        def decode(self, *, step=None, z=None): ...
+
+    assert signature_problems(AutoencoderKLLTXVideo, TorchVAE) == []
+    for wrong, problem in (
+        (StepSecond, "step must be keyword-only with default None"),
+        (ExtraInputRequired, "temb is not an optional input"),
+        (ZLast, "takes (*, step=None, z=None) where the protocol takes (z, *, step=None, **inputs)"),
+    ):
+        assert [p for p in signature_problems(wrong, TorchVAE) if problem in p], signature_problems(wrong, TorchVAE)
 
 
 def _shifted_models():
@@ -86,7 +127,7 @@ def _shifted_models():
             return x + shift[:, None, None, None, None], cache
 
     class Flax(modeling_flax.AutoencoderKLWan):
-        def decode(self, z, mesh=None, shift=None):
+        def decode(self, z, *, mesh=None, shift=None):
             return modeling_flax.run_chunks(self, "decoder", z, decode_chunks(z.shape[1]), mesh, {"shift": shift})
 
     class TorchDecoder(modeling_torch.WanDecoder3d):
@@ -95,7 +136,7 @@ def _shifted_models():
             return x + shift[:, None, None, None, None], cache
 
     class Torch(modeling_torch.AutoencoderKLWan):
-        def decode(self, z, step=None, shift=None):
+        def decode(self, z, *, step=None, shift=None):
             return DecoderOutput(self.run_chunks("decoder", z, decode_chunks(z.shape[2]), step, {"shift": shift}))
 
     return (Flax, FlaxDecoder), (Torch, TorchDecoder)

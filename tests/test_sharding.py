@@ -8,7 +8,9 @@ import json
 
 import pytest
 
-from tests.helpers import family_cases, report_on_8_devices, run_cli, save_diffusers, small
+from tests.helpers import family_cases, family_params, report_on_8_devices, run_cli, save_diffusers, small
+
+pytestmark = pytest.mark.slow  # every case compiles a model on 8 simulated devices, twice
 
 # 1e-5 relative to the output's scale (max(1, max |unsharded|)): CogVideoX decodes unclipped values up to ~7, where
 # sharded convolutions summing in another order differ by 1.07e-5 (1.5e-6 relative). A sharding bug (a wrong halo, a
@@ -76,7 +78,7 @@ print(json.dumps(report))
 CASES = family_cases(lambda testing: testing.meshes)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", family_params(CASES))
 def test_sharded_matches_unsharded(tmp_path, case):
     family, which, meshes = CASES[case]
     model, config = small(family, which)

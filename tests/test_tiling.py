@@ -10,7 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import compiled_steps, converted_by_cli, family_cases, runner, small
+from tests.helpers import (
+    compiled_steps,
+    converted_by_cli,
+    family_cases,
+    family_params,
+    first_family_only,
+    runner,
+    small,
+)
 
 ATOL = 1e-4
 
@@ -19,7 +27,7 @@ ATOL = 1e-4
 CASES = family_cases(lambda testing: testing.tiling)
 
 
-@pytest.fixture(scope="module", params=list(CASES))
+@pytest.fixture(scope="module", params=family_params(CASES, first_family_only))
 def converted(request, tmp_path_factory):
     family, which, case = CASES[request.param]
     name, config = small(family, which)

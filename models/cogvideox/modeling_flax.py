@@ -342,7 +342,7 @@ class AutoencoderKLCogVideoX(TilingMixin, nnx.Module):
             else None
         )
 
-    def encode(self, x, mesh=None):
+    def encode(self, x, *, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), in batches of 8 frames (the remainder joins the first).
         With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py)."""
         expect_video(x, self.config.in_channels, channels_last=True, what="encode")
@@ -350,7 +350,7 @@ class AutoencoderKLCogVideoX(TilingMixin, nnx.Module):
         mean, logvar = jnp.split(run_chunks(self, "encoder", x, bounds, mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
-    def decode(self, z, mesh=None):
+    def decode(self, z, *, mesh=None):
         """(B, T, H, W, latent_channels) -> video, in batches of 2 latent frames (the remainder joins the first).
         Not clipped: diffusers does not clip CogVideoX's output. With a mesh, sharded as in encode."""
         expect_video(z, self.config.latent_channels, channels_last=True, what="decode")

@@ -304,14 +304,14 @@ class AutoencoderKLCogVideoX(ChunkedAutoencoder):
             nn.Conv3d(config.out_channels, config.out_channels, 1) if config.use_post_quant_conv else None
         )
 
-    def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
+    def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video, in batches of 8 frames (the remainder joins the first batch). `step` runs one
         chunk (see ChunkedAutoencoder.run_chunks)."""
         expect_video(x, self.config.in_channels, channels_last=False, what="encode")
         bounds = frame_batches(x.shape[2], self.num_sample_frames_batch_size)
         return EncoderOutput(DiagonalGaussianDistribution(self.run_chunks("encoder", x, bounds, step)))
 
-    def decode(self, z: torch.Tensor, step=None) -> DecoderOutput:
+    def decode(self, z: torch.Tensor, *, step=None) -> DecoderOutput:
         """(B, latent_channels, T, H, W) latents, in batches of 2 latent frames (the remainder joins the first).
         Not clipped: diffusers does not clip CogVideoX's output."""
         expect_video(z, self.config.latent_channels, channels_last=False, what="decode")

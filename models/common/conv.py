@@ -26,7 +26,8 @@ from jax.sharding import PartitionSpec as P
 # xla_cpu_* option is read by the CPU compiler only.
 STEP_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
-# Input times output channels from which XLA:CPU's conv3d keeps up with per-tap 2D convolutions (docs/performance.md, Design decisions).
+# Input times output channels from which XLA:CPU's conv3d keeps up with per-tap 2D convolutions (docs/performance.md,
+# Design decisions).
 WIDE_LAYER = 1024 * 1024
 # Output positions per channel from which Winograd's transforms, the kernel's above all, cost less than the products
 # they save (docs/performance.md, Design decisions).
@@ -248,7 +249,8 @@ def _combine(coefficients, terms):
 
 def _after(kernel, data):
     """The float32 kernel, bit for bit, made once `data` is: a layer's kernel transforms then wait for the layer.
-    Left free, XLA:CPU's scheduler makes every layer's at the top of a step, all alive at once (docs/performance.md, Design decisions).
+    Left free, XLA:CPU's scheduler makes every layer's at the top of a step, all alive at once (docs/performance.md,
+    Design decisions).
     The dependency: the kernel's bits or'ed with those of data's first element shifted right past their width, which
     XLA defines as 0 whatever the value, and does not fold away."""
     zero = lax.shift_right_logical(lax.bitcast_convert_type(data[(0,) * data.ndim], jnp.int32), jnp.int32(32))

@@ -31,7 +31,8 @@ def _group_sums(x, num_groups: int):
     """(B, ..., C) -> (B, G): each channel's sum over the middle axes as a product with ones, then each group's
     channels added. XLA:CPU runs this product (ones on the left, rows of (W*C)) at memory speed, where its
     reductions that keep the channel axis, and the same product over separate axes, are several times slower
-    (docs/performance.md, Design decisions). Width stays the major part of its merged axis, so a width split over devices stays split."""
+    (docs/performance.md, Design decisions). Width stays the major part of its merged axis, so a width split over
+    devices stays split."""
     b, c = x.shape[0], x.shape[-1]
     w = x.shape[-2] if x.ndim > 2 else 1
     rows = x.reshape(b, -1, w * c)  # (B, ..., W, C) -> (B, T*H, W*C)

@@ -63,6 +63,11 @@ class FamilySpec:
     recorded_tensors: tuple[str, ...] = ()
 
     @property
+    def folder(self) -> str:
+        """Its folder in models/, whose name its test file carries (tests/test_<folder>.py)."""
+        return self.config_class.__module__.split(".")[-2]
+
+    @property
     def class_name(self) -> str:
         """diffusers' class, as config.json's `_class_name` names it."""
         return self.config_class.class_name

@@ -275,7 +275,7 @@ class AutoencoderKLHunyuanVideo(TilingMixin, nnx.Module):
         self.use_framewise_encoding = True
         self.use_framewise_decoding = True
 
-    def encode(self, x, mesh=None):
+    def encode(self, x, *, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)//4, H/8, W/8, latent_channels)."""
         expect_video(x, self.config.in_channels, channels_last=True, what="encode")
         frames = (x.shape[1] - 1) // self.config.temporal_compression_ratio + 1
@@ -283,7 +283,7 @@ class AutoencoderKLHunyuanVideo(TilingMixin, nnx.Module):
         mean, logvar = jnp.split(moments, 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
-    def decode(self, z, mesh=None):
+    def decode(self, z, *, mesh=None):
         """(B, T, H, W, latent_channels) latents -> (B, 1 + 4*(T-1), 8H, 8W, C) video (unclamped, as diffusers)."""
         expect_video(z, self.config.latent_channels, channels_last=True, what="decode")
         frames = (z.shape[1] - 1) * self.config.temporal_compression_ratio + 1

@@ -218,14 +218,14 @@ class AutoencoderKLHunyuanVideo(ChunkedAutoencoder):
         self.use_framewise_encoding = True
         self.use_framewise_decoding = True
 
-    def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
+    def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video; `step` runs one clip or temporal tile (see ChunkedAutoencoder.run_chunks)."""
         expect_video(x, self.config.in_channels, channels_last=False, what="encode")
         frames = (x.shape[2] - 1) // self.config.temporal_compression_ratio + 1
         moments = self.run_clip("encoder", x, frames, self.use_framewise_encoding, step)
         return EncoderOutput(DiagonalGaussianDistribution(moments))
 
-    def decode(self, z: torch.Tensor, step=None) -> DecoderOutput:
+    def decode(self, z: torch.Tensor, *, step=None) -> DecoderOutput:
         """(B, latent_channels, T, H, W) latents; not clamped, as in diffusers."""
         expect_video(z, self.config.latent_channels, channels_last=False, what="decode")
         frames = (z.shape[2] - 1) * self.config.temporal_compression_ratio + 1

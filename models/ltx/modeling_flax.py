@@ -401,7 +401,7 @@ class AutoencoderKLLTXVideo(TilingMixin, nnx.Module):
         self.use_framewise_encoding = False
         self.use_framewise_decoding = False
 
-    def encode(self, x, mesh=None):
+    def encode(self, x, *, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)/8, H/32, W/32, latent_channels) at 0.9.x's
         ratios."""
         expect_video(x, self.config.in_channels, channels_last=True, what="encode")
@@ -411,7 +411,7 @@ class AutoencoderKLLTXVideo(TilingMixin, nnx.Module):
         mean, logvar = jnp.split(moments, 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
-    def decode(self, z, mesh=None, temb=None, noise=None):
+    def decode(self, z, temb=None, *, mesh=None, noise=None):
         """(B, T, H, W, latent_channels) latents -> (B, 1 + 8*(T-1), 32H, 32W, C) video at 0.9.x's ratios
         (unclamped, as diffusers).
 

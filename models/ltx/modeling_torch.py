@@ -343,7 +343,7 @@ class AutoencoderKLLTXVideo(ChunkedAutoencoder):
         self.use_framewise_encoding = False
         self.use_framewise_decoding = False
 
-    def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
+    def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video; `step` runs one clip or temporal tile (see ChunkedAutoencoder.run_chunks)."""
         expect_video(x, self.config.in_channels, channels_last=False, what="encode")
         frames = (x.shape[2] - 1) // self.config.temporal_ratio + 1
@@ -351,7 +351,7 @@ class AutoencoderKLLTXVideo(ChunkedAutoencoder):
         moments = self.run_clip("encoder", x, frames, self.use_framewise_decoding, step)
         return EncoderOutput(DiagonalGaussianDistribution(moments))
 
-    def decode(self, z: torch.Tensor, temb=None, step=None, noise=None) -> DecoderOutput:
+    def decode(self, z: torch.Tensor, temb=None, *, step=None, noise=None) -> DecoderOutput:
         """(B, latent_channels, T, H, W) latents; not clamped, as in diffusers.
 
         temb: the timestep of a timestep-conditioned decoder, one per batch entry (or one for all). noise, for a

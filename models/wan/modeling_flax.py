@@ -385,7 +385,7 @@ class AutoencoderKLWan(TilingMixin, nnx.Module):
         self.post_quant_conv = _conv(config.z_dim, config.z_dim, (1, 1, 1), **kw)
         self.decoder = WanDecoder3d(config, **kw)
 
-    def encode(self, x, mesh=None):
+    def encode(self, x, *, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)//4, H/s, W/s, z_dim), s the spatial factor.
 
         Like diffusers: the first frame alone, then chunks of 4; frames past the last full chunk are dropped; Wan 2.2
@@ -398,7 +398,7 @@ class AutoencoderKLWan(TilingMixin, nnx.Module):
         mean, logvar = jnp.split(run_chunks(self, "encoder", x, encode_chunks(x.shape[1]), mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 
-    def decode(self, z, mesh=None):
+    def decode(self, z, *, mesh=None):
         """(B, T, H, W, z_dim) latents -> (B, 1 + 4*(T-1), sH, sW, C) video in [-1, 1] (s: scale_factor_spatial), one
         latent frame a step. With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py)."""
         expect_video(z, self.config.z_dim, channels_last=True, what="decode")

@@ -367,7 +367,7 @@ class AutoencoderKLWan(ChunkedAutoencoder):
         self.post_quant_conv = WanCausalConv3d(config.z_dim, config.z_dim, 1)
         self.decoder = WanDecoder3d(config)
 
-    def encode(self, x: torch.Tensor, step=None) -> EncoderOutput:
+    def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video; the first frame alone, then chunks of 4 (frames past the last are dropped).
         Wan 2.2 folds 2x2 pixel patches into channels first. `step` runs one chunk (see
         ChunkedAutoencoder.run_chunks)."""
@@ -377,7 +377,7 @@ class AutoencoderKLWan(ChunkedAutoencoder):
         moments = self.run_chunks("encoder", x, encode_chunks(x.shape[2]), step)
         return EncoderOutput(DiagonalGaussianDistribution(moments))
 
-    def decode(self, z: torch.Tensor, step=None) -> DecoderOutput:
+    def decode(self, z: torch.Tensor, *, step=None) -> DecoderOutput:
         """(B, z_dim, T, H, W) latents -> (B, C, 1 + 4*(T-1), sH, sW) video in [-1, 1] (s: scale_factor_spatial),
         one latent frame a step."""
         expect_video(z, self.config.z_dim, channels_last=False, what="decode")
