@@ -231,3 +231,18 @@ def test_a_broken_mapping_file_in_the_package_leaves_the_cli_working(tmp_path, w
     converted = run("wan2.1", "--source", wan_small[0], "--to", "torchax", "--out", tmp_path / "out", "--no-validate")
     assert converted.returncode == 0, converted.stderr
     assert json.loads((tmp_path / "out" / "vae_convert.json").read_text())["source"]["format"] == "diffusers"
+
+
+def test_a_signature_that_fits_another_family_s_checkpoint_is_refused(tmp_path):
+    """HunyuanVideo's diffusers signature without its norm key is CogVideoX's too: detection would take a CogVideoX
+    checkpoint for HunyuanVideo's layout (HunyuanVideo's arrival once forced an edit to cogvideox.yaml)."""
+    text = (MAPPINGS_DIR / "hunyuanvideo.yaml").read_text()
+    signature = "decoder.up_blocks.0.resnets.0.conv1.conv.weight, decoder.conv_norm_out.weight]"
+    assert signature in text
+    path = tmp_path / "hunyuanvideo.yaml"
+    path.write_text(text.replace(signature, "decoder.up_blocks.0.resnets.0.conv1.conv.weight]"))
+    result = CliRunner().invoke(cli, ["check-mappings", str(path), "--target", "torchax"])
+    assert result.exit_code == MappingError.exit_code, result.output
+    assert (
+        f"{path}:" in result.output and "also fits a checkpoint of AutoencoderKLCogVideoX (cogvideox" in result.output
+    )
