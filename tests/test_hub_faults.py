@@ -45,10 +45,10 @@ def _blob(tmp_path):
     "method, path, options",
     [
         ("GET", API_INFO, {"status": 503, "times": 2}),
-        ("GET", API_INFO, {"status": 429, "retry_after": "0.2"}),
-        ("HEAD", RESOLVE_WEIGHTS, {"status": 503, "times": 2}),
+        pytest.param("GET", API_INFO, {"status": 429, "retry_after": "0.2"}, marks=pytest.mark.slow),
+        pytest.param("HEAD", RESOLVE_WEIGHTS, {"status": 503, "times": 2}, marks=pytest.mark.slow),
         ("GET", RESOLVE_WEIGHTS, {"status": 502, "times": 2}),
-        ("GET", RESOLVE_WEIGHTS, {"status": 429, "retry_after": "0"}),
+        pytest.param("GET", RESOLVE_WEIGHTS, {"status": 429, "retry_after": "0"}, marks=pytest.mark.slow),
     ],
     ids=["api-503-twice", "api-429", "head-503-twice", "download-502-twice", "download-429"],
 )

@@ -90,6 +90,7 @@ def test_noise_injection_adds_diffusers_draws_as_diffusers_does(ltx_091, monkeyp
     assert np.abs(got - expected).max() <= ATOL
 
 
+@pytest.mark.slow
 def test_noise_sources(ltx_091):
     """A seed draws the same maps on every target; a JAX key or a torch generator draws reproducibly; maps of the
     wrong shapes are refused."""
@@ -117,6 +118,7 @@ def test_noise_sources(ltx_091):
         vae.decode(channels_last, temb=0.1, noise=[np.zeros((2, 2), np.float32)])
 
 
+@pytest.mark.slow
 def test_timestep_conditioning_at_two_timesteps_and_per_batch_entry(ltx_095):
     reference, models, _ = ltx_095
     z = _latent(2, 2, 3)
@@ -136,6 +138,7 @@ def test_timestep_conditioning_at_two_timesteps_and_per_batch_entry(ltx_095):
         models["flax"].decode(z.numpy().transpose(0, 2, 3, 4, 1))
 
 
+@pytest.mark.slow
 def test_non_square_decode_and_encode(ltx_095):
     reference, models, _ = ltx_095
     z = _latent(3, 2, 5, seed=2)
@@ -246,7 +249,9 @@ def test_metadata_configs_translate_to_diffusers_configs():
         assert family.config_class.from_dict(translate(original)) == family.config_class.from_dict(expected), layout
 
 
-@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize(
+    "layout", [pytest.param(layout, marks=[pytest.mark.slow] * (i > 0)) for i, layout in enumerate(LAYOUTS)]
+)
 def test_single_file_converts_to_the_diffusers_checkpoint_s_tensors(layout, tmp_path):
     """A single file of each layout converts, with the config its metadata carries, to exactly the tensors and config
     of the diffusers checkpoint it holds; diffusers' own converter makes that checkpoint from the file (where its

@@ -224,6 +224,7 @@ def test_torch_model_checks_its_input(outputs, call, shape, message):
         getattr(vae, call)(torch.zeros(shape, dtype=torch.bfloat16))
 
 
+@pytest.mark.slow
 def test_readme_torchax_snippet_works_for_a_bfloat16_output(outputs):
     vae = compile_model(converter.load(outputs / "tx"))
     latents = np.random.default_rng(0).standard_normal((1, 4, 2, 2, 2)).astype(np.float32)

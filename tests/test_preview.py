@@ -63,6 +63,7 @@ def test_picture_has_the_panels_and_the_report_max(converted):
     assert "](validation.png)" in card
 
 
+@pytest.mark.slow
 def test_no_preview(wan_small, tmp_path):
     source, _ = wan_small
     run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "out", "--no-preview")

@@ -142,6 +142,7 @@ def _shifted_models():
     return (Flax, FlaxDecoder), (Torch, TorchDecoder)
 
 
+@pytest.mark.slow
 def test_validation_decodes_with_the_family_s_extra_inputs_on_every_runner(wan_small_outputs):
     import numpy as np
 

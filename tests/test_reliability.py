@@ -158,6 +158,7 @@ def test_validation_failure_leaves_nothing_and_keeps_old_output(wan_small, tmp_p
     only(tmp_path, "out", "swapped.yaml")
 
 
+@pytest.mark.slow
 def test_keep_invalid_keeps_the_output_marked_invalid(wan_small, tmp_path):
     source, _ = wan_small
     fails(
@@ -224,7 +225,7 @@ def _start_and_interrupt(source, out, sig):
     return process.returncode, stderr
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)])
 def test_interrupt_mid_write_leaves_nothing(big_source, tmp_path, sig):
     code, stderr = _start_and_interrupt(big_source, tmp_path / "out", sig)
     assert code == 130 and "error: interrupted; nothing was written" in stderr
@@ -298,7 +299,7 @@ def test_fuzzed_checkpoints_raise_only_input_errors(wan_small, tmp_path):
     assert outcomes["rejected"] > 300
 
 
-@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 def test_fuzzed_checkpoint_through_the_cli(wan_small, tmp_path, seed):
     source, _ = wan_small
     rng = random.Random(seed)

@@ -14,16 +14,20 @@ import torch
 from converter.errors import InputError, MappingError, UsageError
 from converter.mapping import MAPPINGS_DIR
 from converter.registry import FAMILIES
-from tests.helpers import fails, manifest, run_cli, save_diffusers
+from tests.helpers import fails, family_cases, family_params, manifest, run_cli, save_diffusers
 from tests.original_files import FORMATS, assert_same_tensors, output_tensors, released_config, write_original
 
 WAN, COGVIDEOX = FAMILIES["wan"], FAMILIES["cogvideox"]
 
 
-@pytest.fixture(scope="module", params=list(FORMATS))
+# every family's original formats; the first family's first one shows the module's basic behaviour
+CASES = family_cases(lambda testing: testing.original_files)
+
+
+@pytest.fixture(scope="module", params=family_params(CASES, fast=lambda family, fmt: fmt == next(iter(FORMATS))))
 def released(request, tmp_path_factory):
     """(format, model name, config.json of the small widths, the original file, the diffusers folder)."""
-    fmt = request.param
+    fmt = CASES[request.param][1]
     family, case = FORMATS[fmt]
     model_name, config = released_config(fmt)
     root = tmp_path_factory.mktemp(fmt)

@@ -49,6 +49,7 @@ def test_registry_model_resolves_from_the_hub_cache_offline(wan_small, tmp_path,
     }
 
 
+@pytest.mark.slow
 def test_bf16_source_stays_bf16_bit_for_bit(tmp_path):
     model = save_diffusers(WAN, tmp_path / "vae", WAN.testing().small_configs["default-arch"])
     model.to(torch.bfloat16).save_pretrained(tmp_path / "vae-bf16")

@@ -22,7 +22,7 @@ from tests.original_files import (
 WAN = FAMILIES["wan"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=pytest.mark.slow)])
 def test_comfyui_16_bit_safetensors_stays_16_bit(tmp_path, dtype):
     """ComfyUI's repackaged wan_2.1_vae.safetensors: Wan 2.1's original keys, 16-bit (validated in bfloat16)."""
     from safetensors.torch import save_file
