@@ -7,6 +7,7 @@ import hashlib
 import os
 
 import numpy as np
+import pytest
 import torch
 
 from converter.safetensors_io import SafetensorsFile
