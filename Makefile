@@ -29,8 +29,9 @@ demo: install
 # at the end. A worker that crashes is replaced once (xdist reruns its unit from the start): a second crash ends the
 # run with the test named rather than rerunning the unit until CI's time is out
 PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --max-worker-restart=1
+# the run's report (build/test-report.xml) is what `python -m tests.costs` turns into docs/testing.md's cost tables
 test: install
-	$(PYTEST)
+	$(PYTEST) --junitxml=build/test-report.xml
 
 # the inner loop, under 5 minutes: every family's default-architecture parity on both targets, the protocol, every
 # module's basic behaviour; what costs more is marked slow where it is written

@@ -15,8 +15,9 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 from converter.registry import FAMILIES, MODELS
+from tests.helpers import REPO
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "testing.md"
+DOC = REPO / "docs" / "testing.md"
 MARKERS = ("<!-- costs -->", "<!-- /costs -->")
 
 
