@@ -308,9 +308,16 @@ def _describe_output(manifest: dict) -> str:
     if validation is None:
         lines.append("validation: not run (--no-validate)")
     else:
-        verdict = "passed" if validation["ok"] else "FAILED (kept with --keep-invalid)"
+        checks = [Comparison.from_dict(c) for c in validation["checks"]]
+        # the rows decide: a manifest that says ok above a row over its tolerance contradicts itself
+        if validation["ok"] and all(c.ok for c in checks):
+            verdict = "passed"
+        elif validation["ok"]:
+            verdict = "FAILED (the manifest says passed, but a check is over its tolerance)"
+        else:
+            verdict = "FAILED (kept with --keep-invalid)"
         lines.append(f"validation: {verdict}, tolerance {validation['rtol']:.0e} x max(1, max |reference|)")
-        lines += [Comparison.from_dict(c).line() for c in validation["checks"]]
+        lines += [c.line() for c in checks]
     return "\n".join(lines)
 
 
@@ -375,7 +382,8 @@ def check_mappings(files, target, pairings, as_json):
 
     from converter import check_mappings as checker
 
-    reports, seconds = checker.run(list(files), target, list(pairings) or None)
+    # a mapping file that breaks the checker itself is still one line with its exit code, as for a conversion
+    reports, seconds = _guarded(lambda: checker.run(list(files), target, list(pairings) or None), False)
     click.echo(
         json.dumps(checker.as_json(reports, seconds), indent=2) if as_json else checker.as_text(reports, seconds)
     )

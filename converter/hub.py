@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import math
 import os
 import random
 import threading
@@ -56,9 +57,10 @@ class Policy:
                 value = kind(text)
             except ValueError:
                 value = -1
-            if value < 0 or (field == "timeout" and value == 0):
-                raise UsageError(f"{name}={text!r}: expected a {'positive' if field == 'timeout' else 'non-negative'} "
-                                 f"{'whole ' if kind is int else ''}number")  # fmt: skip
+            # every knob bounds a wait: NaN and infinity bound nothing
+            if not math.isfinite(value) or value < 0 or (field == "timeout" and value == 0):
+                sign = "positive" if field == "timeout" else "non-negative"
+                raise UsageError(f"{name}={text!r}: expected a finite {sign} {'whole ' if kind is int else ''}number")
             values[field] = value
         return cls(**values)
 

@@ -23,6 +23,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import re
+import reprlib
+import string
 from pathlib import Path
 
 import numpy as np
@@ -214,7 +216,7 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
     """A rule (or, with fields=DROP_FIELDS, a drop rule: a name and a match). YAML aliases share one dict between
     formats, so `raw` is read, never changed."""
     if not isinstance(raw, dict):
-        raise MappingError(f"{path}: a rule must be a mapping with 'match' and 'to', got {raw!r}")
+        raise MappingError(f"{path}: a rule must be a mapping with 'match' and 'to', got {shown(raw)}")
     where = f"{path}:{raw['__line__']}"
     raw = {k: v for k, v in raw.items() if k != "__line__"}
     unknown = set(raw) - fields
@@ -232,15 +234,45 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
         pattern = re.compile(_expand(where, raw["match"], patterns))
     except re.error as e:
         raise MappingError(f"{where}: bad regex {raw['match']!r}: {e}") from None
+    _check_template(where, raw["to"], pattern)
     lookups = _lookups(where, raw.get("lookup", {}), pattern, tables)
     ops = []
     for op in (k for k in raw if k in LAYOUT_OPS):
         value = raw[op]
-        if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
-            raise MappingError(f"{where}: {op} takes a list of integers, got {value!r}")
+        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+            raise MappingError(f"{where}: {op} takes a list of integers, got {shown(value)}")
         ops.append((op, tuple(value)))
     name = raw.get("name", raw["match"])
     return Rule(name=name, pattern=pattern, to=raw["to"], ops=tuple(ops), where=where, lookups=lookups)
+
+
+def shown(value) -> str:
+    """A YAML value in a message, bounded: aliases share one object, which a plain repr would expand without end."""
+    return _SHOWN.repr(value)
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 3, 6, 6, 80, 80
+
+
+def _check_template(where: str, template: str, pattern: re.Pattern):
+    """A `to` template names the match's groups, `{1}` or `{name}`, and nothing else: it is filled by str.format,
+    which would also run a format spec (`{1:>99999999}`) or reach attributes (`{1.__class__}`)."""
+    try:
+        fields = [field for _, field, spec, conversion in string.Formatter().parse(template) if field is not None]
+        specs = [(spec, conversion) for _, field, spec, conversion in string.Formatter().parse(template) if field]
+    except ValueError as e:
+        raise MappingError(f"{where}: bad 'to' template {shown(template)}: {e}") from None
+    for field in fields:
+        if not (field.isdigit() and int(field) <= pattern.groups or field in pattern.groupindex):
+            raise MappingError(
+                f"{where}: 'to' names {{{field}}}: a template takes the match's groups only, {{0}} to "
+                f"{{{pattern.groups}}} or a named group"
+            )
+    if any(spec or conversion for spec, conversion in specs):
+        raise MappingError(
+            f"{where}: 'to' template {shown(template)} has a format spec or conversion; write groups bare"
+        )
 
 
 def _lookups(where: str, raw, pattern: re.Pattern, tables) -> tuple:

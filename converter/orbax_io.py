@@ -72,7 +72,7 @@ def _zarr_leaf(folder: str, meta: dict) -> np.ndarray:
     the whole array, as Orbax writes it with ORBAX_SAVING. A missing or cut data file is damage (Orbax writes every
     chunk, zeros too), not zarr's fill value."""
     name = os.path.basename(folder)
-    untrusted.check(meta, {"shape": [int], "dtype": str, "dimension_separator": str}, name, ValueError)
+    untrusted.check(meta, {"shape": [untrusted.Size], "dtype": str, "dimension_separator": str}, name, ValueError)
     shape, dtype = tuple(meta.get("shape", ())), _ZARR_DTYPES.get(meta.get("dtype"))
     plain = {"chunks": list(shape), "compressor": None, "filters": None, "order": "C", "zarr_format": 2}
     if dtype is None or any(d < 0 for d in shape) or any(meta.get(k) != v for k, v in plain.items()):

@@ -54,7 +54,7 @@ def write_json(path: Path, content: dict):
 must = untrusted.Required
 _CHECK = {
     "output": must(str),
-    "shape": must([int]),
+    "shape": must([untrusted.Size]),
     "max_abs": must(float),
     "mean_abs": must(float),
     "tol": must(float),

@@ -143,6 +143,8 @@ def choose_dtype(requested: str, weights: sources.SourceWeights, say: Callable[[
     if requested != "auto":
         return DTYPES[requested]
     found = weights.floating_dtypes()
+    if not found:
+        raise InputError("the source holds no floating-point tensor: no weights to convert")
     if len(found) != 1:
         names = ", ".join(sorted(d.name for d in found))
         raise InputError(f"--dtype auto: the source mixes floating dtypes ({names}); pick one with --dtype")

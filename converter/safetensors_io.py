@@ -69,6 +69,13 @@ class SafetensorsFile:
         self.metadata = header.pop("__metadata__", None) or {}
         if not isinstance(self.metadata, dict):
             raise InputError(f"{self.shown}: corrupt header: __metadata__ is not an object")
+        # the format's metadata maps strings to strings (a config in it is JSON text)
+        odd = next((k for k, v in self.metadata.items() if not isinstance(v, str)), None)
+        if odd is not None:
+            raise InputError(
+                f"{self.shown}: corrupt header: __metadata__ {odd!r} is {untrusted.kind(self.metadata[odd])}, "
+                "not a string"
+            )
         self._data_start = 8 + header_len
         data_size = size - self._data_start
         self.specs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
@@ -89,7 +96,9 @@ class SafetensorsFile:
     def _check_entry(self, name, entry, data_size):
         if not (
             isinstance(entry, dict)
-            and untrusted.check_value(entry, {"dtype": str, "shape": [int], "data_offsets": [int]})
+            and untrusted.check_value(
+                entry, {"dtype": str, "shape": [untrusted.Size], "data_offsets": [untrusted.Size]}
+            )
             and entry.get("dtype") in DTYPES
             and isinstance(entry.get("shape"), list)
             and len(entry.get("data_offsets", ())) == 2

@@ -51,6 +51,11 @@ class SourceWeights:
             for key, (spec, reader, releaser) in tensors.items():
                 if key in origin:
                     raise InputError(f"tensor {key!r} is in both {origin[key]} and {path.name}")
+                if not _weight_or_count(spec[1]):
+                    raise InputError(
+                        f"{path.name}: tensor {key!r} holds {spec[1].name} values: neither weights (floating point) "
+                        "nor a count (signed integers), and casting them would change what they say"
+                    )
                 specs[key], read[key], origin[key], release[key] = spec, reader, path.name, releaser
         return cls(specs, read, origin, release, wrappers.pop() if len(wrappers) == 1 else None, metadata)
 
@@ -66,6 +71,10 @@ class SourceWeights:
 
     def floating_dtypes(self) -> set[np.dtype]:
         return {dtype for _, dtype in self.specs.values() if dtype.kind == "f" or dtype.name == "bfloat16"}
+
+
+def _weight_or_count(dtype: np.dtype) -> bool:
+    return dtype.kind in "fi" or dtype.name == "bfloat16"
 
 
 def _safetensors_tensors(path: Path) -> tuple[dict, dict]:
@@ -108,6 +117,14 @@ def _pickle_tensors(path: Path) -> tuple[dict, str | None]:
     tensors = state[wrapper] if wrapper is not None else state
     if not all_tensors(tensors):
         raise InputError(f"{path}: not a state_dict (expected a mapping of names to tensors)")
+    for key, tensor in tensors.items():
+        if not isinstance(key, str):
+            raise InputError(f"{path}: key {key!r} is {type(key).__name__}, not a tensor's name")
+        problem = _not_plain(tensor)
+        if problem:
+            raise InputError(f"{path}: tensor {key!r} {problem}")
+    # an nn.Parameter (state_dict(keep_vars=True), named_parameters()) is a plain weight
+    tensors = {key: tensor.detach() for key, tensor in tensors.items()}
     mapped = _is_zip(path)
     readers = {
         key: (
@@ -122,6 +139,22 @@ def _pickle_tensors(path: Path) -> tuple[dict, str | None]:
 
 def _keep():
     pass
+
+
+def _not_plain(tensor) -> str | None:
+    """What keeps a pickled tensor from being read as an array of weights, or None."""
+    import torch
+
+    if tensor.is_quantized:
+        return f"is quantized ({tensor.dtype}): dequantize it first"
+    if tensor.layout != torch.strided:
+        return f"is a {str(tensor.layout).removeprefix('torch.')} tensor, not a dense one"
+    if tensor.device.type == "meta":
+        return "holds no data (a meta tensor)"
+    readable = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16)
+    if tensor.dtype not in (*readable, torch.int8):
+        return f"holds {str(tensor.dtype).removeprefix('torch.')} values: neither weights nor a count this tool reads"
+    return None
 
 
 def _drop_pages(tensor):

@@ -87,6 +87,10 @@ def read_json(path: str | os.PathLike, what: str | None = None, schema=None, err
     return value
 
 
+class Size:
+    """In a schema: a whole number of zero or more (a dimension, a count)."""
+
+
 class Required:
     """A field of an object schema that must be there (the others may be left out)."""
 
@@ -115,7 +119,7 @@ def check(value, schema, where: str, error=InputError, at: str = ""):
                 elif isinstance(item, Required):
                     raise error(f"{where}: {f'{at}.{key}'.lstrip('.')} is missing")
         return
-    raise error(f"{where}: {at.lstrip('.') or 'the file'} is {_kind(value)}, expected {_expected(schema)}")
+    raise error(f"{where}: {at.lstrip('.') or 'the file'} is {kind(value)}, expected {_expected(schema)}")
 
 
 class _Mismatch(Exception):
@@ -142,10 +146,15 @@ def _fits(value, schema) -> bool:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if schema is int:
         return isinstance(value, int) and not isinstance(value, bool)
+    if schema is Size:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
     return isinstance(value, schema)
 
 
-def _kind(value) -> str:
+def kind(value) -> str:
+    """What a JSON value is, in words."""
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        return "a negative number"
     return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
         type(value), "a number"
     )
@@ -156,7 +165,8 @@ def _expected(schema) -> str:
         return " or ".join(_expected(s) for s in schema)
     if isinstance(schema, (list, dict)) or schema in (dict, list):
         return "a list" if isinstance(schema, list) or schema is list else "an object"
-    return {str: "a string", bool: "true/false", int: "a whole number", float: "a number", None: "null"}[schema]
+    names = {str: "a string", bool: "true/false", int: "a whole number", Size: "a whole number >= 0", float: "a number"}
+    return {**names, None: "null"}[schema]
 
 
 def nbytes(shape, itemsize: int) -> int:

@@ -36,10 +36,18 @@ def _beside_the_repository(path) -> bool:
     if isinstance(path, int):
         return False
     path = os.path.abspath(os.fsdecode(path))
-    allowed = (str(REPO), sys.prefix, sys.base_prefix, tempfile.gettempdir(), os.path.expanduser("~"))
     return path.startswith(str(REPO.parent) + os.sep) and not any(
-        path == root or path.startswith(root + os.sep) for root in allowed
+        path == root or path.startswith(root + os.sep) for root in _ALLOWED
     )
+
+
+# where the tests may read: the repository, the environment, the temporary folder and the home folder, less any of
+# them that holds the repository's folder (a clone in /tmp/x/: the temporary folder would allow all that is beside it)
+_ALLOWED = [
+    root
+    for root in (sys.prefix, sys.base_prefix, tempfile.gettempdir(), os.path.expanduser("~"))
+    if not (str(REPO.parent) + os.sep).startswith(root.rstrip(os.sep) + os.sep)
+] + [str(REPO)]
 
 
 def _refuse_reads_beside_the_repository(event, args):

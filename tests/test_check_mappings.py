@@ -119,6 +119,12 @@ def test_dead_rule(tmp_path):
         (lambda t: t.replace("      to: '{1}.kernel'\n", "      to: '{1}.kernel\n", 1), "YAML syntax error"),
         (lambda t: t.replace("transpose: [2, 3, 1, 0]", "tranpose: [2, 3, 1, 0]"), "unknown rule field(s): tranpose"),
         (lambda t: t.replace("reshape: [-1]", "reshape: minus-one"), "reshape takes a list of integers"),
+        # templates are filled by str.format: only bare groups, nothing it would run
+        (lambda t: t.replace("to: '{1}'", "to: '{1:>99999999}'", 1), "has a format spec or conversion"),
+        (lambda t: t.replace("to: '{1}'", "to: '{1.__class__}'", 1), "a template takes the match's groups only"),
+        (lambda t: t.replace("to: '{1}'", "to: '{1}{'", 1), "bad 'to' template"),
+        (lambda t: t.replace("to: '{1}'", "to: '{9}'", 1), "a template takes the match's groups only"),
+        (lambda t: t.replace("transpose: [2, 3, 1, 0]", "transpose: [true, false]", 1), "takes a list of integers"),
     ],
 )
 def test_malformed_file_names_file_and_line(tmp_path, edit, message):

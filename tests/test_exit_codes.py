@@ -211,3 +211,16 @@ def test_publish_checks_the_folder_first_and_names_only_typed_options(wan_small,
     run_cli("wan2.1", "--source", wan_small[0], "--to", "torchax", "--out", out, "--no-validate")
     line = fails(["publish", out, "justname"], 2, "ORG/NAME", "'justname'")
     assert "--push-to-hub" not in line
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "-1", "0", "soon"])
+def test_a_hub_knob_that_bounds_nothing_is_a_usage_error(wan_small, tmp_path, monkeypatch, value):
+    """Each Hub knob bounds a wait; NaN and infinity pass a `< 0` test and bound nothing."""
+    monkeypatch.setenv("VAE_CONVERT_HUB_TIMEOUT", value)
+    fails(
+        ["wan2.1", "--to", "flax", "--out", tmp_path / "out"],
+        2,
+        f"VAE_CONVERT_HUB_TIMEOUT={value!r}: expected a finite positive number",
+        out=tmp_path / "out",
+        in_process=True,
+    )

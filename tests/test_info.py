@@ -4,8 +4,9 @@ table as the conversion printed it) and as JSON; a folder that is no output gets
 from __future__ import annotations
 
 import json
+import shutil
 
-from tests.helpers import fails, manifest, run_cli
+from tests.helpers import fails, manifest, run_cli, run_in_process
 
 
 def test_info_text_and_json(wan_small, tmp_path):
@@ -42,3 +43,16 @@ def test_the_readme_model_table_is_what_list_prints():
     result = CliRunner().invoke(cli, ["list", "--markdown"])
     assert result.exit_code == 0 and result.output.count("\n") > 3
     assert result.output in (REPO / "README.md").read_text()
+
+
+def test_info_never_says_passed_above_a_failed_row(wan_small_outputs, tmp_path):
+    """A manifest that says ok above a check over its tolerance contradicts itself: the rows decide."""
+    out = tmp_path / "out"
+    shutil.copytree(wan_small_outputs["flax"], out)
+    check = {"output": "decode", "shape": [1, 3, 9, 64, 64], "max_abs": 0.5, "mean_abs": 0.1, "tol": 1e-4, "ok": True}
+    record = {**manifest(out), "validation": {"rtol": 1e-4, "ok": True, "checks": [check]}}
+    (out / "vae_convert.json").write_text(json.dumps(record))
+    result = run_in_process("info", out)
+    assert result.returncode == 0, result.stderr
+    assert "validation: FAILED (the manifest says passed, but a check is over its tolerance)" in result.stdout
+    assert "  ✗ decode" in result.stdout and "validation: passed" not in result.stdout

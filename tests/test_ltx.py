@@ -314,3 +314,50 @@ def test_single_file_with_a_broken_metadata_config_or_of_the_other_generation_is
         "try `vae-convert ltx-2`",
         out=tmp_path / "out",
     )
+
+
+def _with_metadata_config(source: Path, path: Path, value) -> Path:
+    """`source` with its metadata's `config` set to `value` (any JSON value: the safetensors library itself writes
+    strings only, so the header is written here)."""
+    data = source.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    header["__metadata__"]["config"] = value
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)
+    path.write_bytes(len(encoded).to_bytes(8, "little") + encoded + data[8 + size :])
+    return path
+
+
+def test_a_metadata_config_of_odd_values_is_refused_by_field(tmp_path):
+    """Values the translation computes with are checked before it does: a zero factor would divide, a string width
+    would be repeated, a config that is not JSON text would be parsed as something else. Each: exit 3, one line
+    naming the field, nothing left."""
+    original = _small_original("0.9.5")
+    state = save_diffusers(LTX, tmp_path / "vae", ltx_video_config(original)).state_dict()
+    good = _single_file("0.9.5", state, tmp_path / "good.safetensors", original)
+
+    def decoder_block(i, params):
+        blocks = [list(b) for b in original["decoder_blocks"]]
+        blocks[i] = [blocks[i][0], params]
+        return {**original, "decoder_blocks": blocks}
+
+    cases = {
+        "object": (_with_metadata_config(good, tmp_path / "object.safetensors", {"vae": original}), "is an object"),
+        "number": (_with_metadata_config(good, tmp_path / "number.safetensors", 5), "is a number, not a string"),
+        "zero-multiplier": (decoder_block(1, {"residual": True, "multiplier": 0}), "multiplier 0"),
+        "string-width": ({**original, "decoder_base_channels": "x"}, "decoder_base_channels 'x'"),
+        "string-layers": (decoder_block(0, {"num_layers": "5"}), "num_layers '5'"),
+    }
+    for name, (config, needle) in cases.items():
+        source = (
+            config
+            if isinstance(config, Path)
+            else _single_file("0.9.5", state, tmp_path / f"{name}.safetensors", config)
+        )
+        out = tmp_path / f"out-{name}"
+        fails(["ltx-video", "--source", source, "--to", "torchax", "--out", out], 3, needle, out=out, in_process=True)
+    evil = {**_small_original("2.0"), "_class_name": "Evil\nsecond line"}
+    ltx2_state = save_diffusers(LTX2, tmp_path / "vae2", ltx2_config(_small_original("2.0"))).state_dict()
+    source = _single_file("2.0", ltx2_state, tmp_path / "evil.safetensors", evil)
+    fails(["ltx-2", "--source", source, "--to", "torchax", "--out", tmp_path / "o"], 3, r"'Evil\nsecond line'")

@@ -22,7 +22,7 @@ from converter import cli, orbax_io, structure_cache, targets
 from converter.errors import InputError, OutputError
 from converter.registry import MODELS, config_from_dict
 from converter.safetensors_io import SafetensorsFile
-from tests.helpers import REPO, earlier_output, fails, manifest, only, run_cli
+from tests.helpers import REPO, earlier_output, fails, manifest, only, run_cli, run_in_process
 
 WEIGHTS = "diffusion_pytorch_model.safetensors"
 
@@ -186,6 +186,15 @@ MANIFEST_DAMAGE = {
     "no-source": {"source": None},
     "decode-inputs-of-strings": {"validation": {"rtol": 1e-4, "ok": True, "checks": [], "decode_inputs": {"t": "x"}}},
     "tensors-of-strings": {"tensors": {"latents_mean": ["x"]}},
+    "negative-shape": {
+        "validation": {
+            "rtol": 1e-4,
+            "ok": True,
+            "checks": [
+                {"output": "decode", "shape": [-5, 3], "max_abs": 0.0, "mean_abs": 0.0, "tol": 1e-4, "ok": True}
+            ],
+        }
+    },
 }
 
 
@@ -365,3 +374,54 @@ def test_a_load_racing_a_replacement_says_the_output_changed(flax_output, tmp_pa
     monkeypatch.setattr(orbax_io, "zarr_leaves", read_while_replaced)
     with pytest.raises(InputError, match="the output changed while loading"):
         converter.load(out)
+
+
+def _pickle_of(wan_small, tmp_path, name, edit) -> tuple:
+    """The small Wan checkpoint pickled as `edit` leaves its state_dict, and its config."""
+    from safetensors.torch import load_file
+
+    source, _ = wan_small
+    state = load_file(source / "diffusion_pytorch_model.safetensors")
+    path = tmp_path / name / "vae.pt"
+    path.parent.mkdir()
+    torch.save(edit(state, next(iter(state))), path)
+    return path, source / "config.json"
+
+
+ODD_PICKLES = {  # what torch.load(weights_only=True) accepts, and a word of the one-line refusal
+    "integer-key": (lambda s, k: {**s, 7: torch.zeros(1)}, "key 7 is int"),
+    "float8": (lambda s, k: {**s, k: s[k].to(torch.float8_e4m3fn)}, "holds float8_e4m3fn values"),
+    "sparse": (lambda s, k: {**s, k: s[k].to_sparse()}, "is a sparse_coo tensor"),
+    "quantized": (lambda s, k: {**s, k: torch.quantize_per_tensor(s[k], 0.1, 0, torch.qint8)}, "is quantized"),
+    "meta": (lambda s, k: {**s, k: torch.empty(s[k].shape, device="meta")}, "holds no data"),
+    "complex": (lambda s, k: {**s, k: s[k].to(torch.complex64)}, "holds complex64 values"),
+    "bool": (lambda s, k: {**s, k: s[k] > 0}, "holds bool values"),
+    "uint16": (lambda s, k: {**s, k: s[k].to(torch.uint16)}, "holds uint16 values"),
+    "no-floating-tensor": (lambda s, k: {key: v.to(torch.int64) for key, v in s.items()}, "no floating-point tensor"),
+}
+
+
+@pytest.mark.parametrize("odd", list(ODD_PICKLES))
+def test_a_pickle_of_values_that_are_no_weights_is_refused_by_key(wan_small, tmp_path, odd):
+    edit, needle = ODD_PICKLES[odd]
+    path, config = _pickle_of(wan_small, tmp_path, odd, edit)
+    out = tmp_path / "out"
+    args = ["wan2.1", "--source", path, "--config", config, "--to", "torchax", "--out", out, "--no-validate"]
+    fails(args, InputError.exit_code, needle, out=out, in_process=True)
+
+
+def test_a_pickle_of_parameters_converts_as_its_tensors(wan_small, tmp_path):
+    """`state_dict(keep_vars=True)` and `named_parameters()` write nn.Parameters: plain weights."""
+    from safetensors.torch import load_file
+
+    path, config = _pickle_of(
+        wan_small, tmp_path, "parameters", lambda s, k: {key: torch.nn.Parameter(v) for key, v in s.items()}
+    )
+    out = tmp_path / "out"
+    result = run_in_process(
+        "wan2.1", "--source", path, "--config", config, "--to", "torchax", "--out", out, "--no-validate"
+    )
+    assert result.returncode == 0, result.stderr
+    expected = load_file(wan_small[0] / "diffusion_pytorch_model.safetensors")
+    got = load_file(out / "diffusion_pytorch_model.safetensors")
+    assert got.keys() == expected.keys() and all(torch.equal(got[k], v) for k, v in expected.items())

@@ -188,8 +188,21 @@ def _blocks(config: dict, key: str) -> list[tuple[str, dict]]:
         if not (isinstance(entry, list) and len(entry) == 2 and isinstance(entry[0], str)):
             raise ConfigError(f"the VAE config in the file's metadata: {key} entry {entry!r} is not [name, params]")
         name, params = entry
-        out.append((name, {"num_layers": params} if isinstance(params, int) else dict(params)))
+        params = {"num_layers": params} if isinstance(params, int) else dict(params)
+        for field, least in (("num_layers", 0), ("multiplier", 1)):
+            _whole(params, field, least, f"{key} entry {name!r}")
+        out.append((name, params))
     return out
+
+
+def _whole(fields: dict, name: str, least: int, where: str):
+    """A width, a count or a factor the translation computes with must be a whole number (not a string that `*`
+    would repeat, nor a zero that `//` would divide by)."""
+    value = fields.get(name, least)
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise ConfigError(
+            f"the VAE config in the file's metadata: {where} has {name} {value!r}, expected a whole number >= {least}"
+        )
 
 
 def _levels(blocks: list[tuple[str, dict]], side: str) -> list[tuple[dict, list[tuple[str, dict]]]]:
@@ -344,6 +357,9 @@ def _refuse_unsupported(original: dict):
             )
     if original.get("dims", 3) != 3:
         raise ConfigError("the VAE config in the file's metadata is not a video (3-d) VAE")
+    for name in ("in_channels", "out_channels", "latent_channels", "patch_size", "encoder_base_channels",
+                 "decoder_base_channels"):  # fmt: skip
+        _whole(original, name, 1, "the config")
 
 
 def _shared(original: dict) -> dict:
@@ -375,7 +391,7 @@ def ltx2_config(original: dict) -> dict:
     _refuse_unsupported(original)
     if original.get("_class_name", "CausalVideoAutoencoder") != "CausalVideoAutoencoder":
         raise ConfigError(
-            f"the VAE in the file's metadata is a {original['_class_name']}: diffusers' AutoencoderKLLTX2Video "
+            f"the VAE in the file's metadata is a {original['_class_name']!r}: diffusers' AutoencoderKLLTX2Video "
             "holds the convolutional VAE (CausalVideoAutoencoder) only"
         )
     # ltx-core's flat config: `spatial_padding_mode` is read by the decoder and, before its own key, the encoder
@@ -396,6 +412,8 @@ def config_from_metadata(metadata: dict, translate) -> dict | None:
     (`config`: JSON whose `vae` is the VAE's), None where it carries none."""
     if "config" not in metadata:
         return None
+    if not isinstance(metadata["config"], str):
+        raise ConfigError("the file's metadata config is not a JSON string")
     try:
         vae = json.loads(metadata["config"]).get("vae")
     except (ValueError, RecursionError, AttributeError):
