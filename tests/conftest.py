@@ -32,7 +32,7 @@ class ReadBesideTheRepository(OSError):
 
 def _beside_the_repository(path) -> bool:
     """Whether `path` lies in the folder holding the repository but outside the repository, the environment and the
-    temporary folder: where a clone's neighbours (a `../shared`, another checkout) would be."""
+    temporary folder: where a clone's neighbours (a data folder, another checkout) would be."""
     if isinstance(path, int):
         return False
     path = os.path.abspath(os.fsdecode(path))

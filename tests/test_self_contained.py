@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import ReadBesideTheRepository
 from tests.helpers import DATA, REPO
 
-# a relative path that climbs (`../shared/data`), and a path built from the repository's parent
+# a relative path that climbs (`../data/`), and a path built from the repository's parent
 CLIMB = re.compile(r"(?<![\w.])((?:\.\./)+[\w.-]+/)")
 BUILT = re.compile(r"REPO\.parent\b|\.parent\.parent\s*/")
 # the guard itself names the repository's parent and its neighbours
@@ -21,8 +21,8 @@ GUARD = {"tests/conftest.py", "tests/test_self_contained.py"}
 
 
 def test_a_read_beside_the_repository_fails_the_test():
-    beside = REPO.parent / "shared" / "data" / "configs"
-    for read in (lambda: open(beside / "x.json"), lambda: list(beside.glob("*.json")), lambda: list(beside.iterdir())):
+    beside = REPO.parent / "a-neighbour" / "data"  # refused before the file system is asked: it need not exist
+    for read in (lambda: open(beside / "x.json"), lambda: list(beside.iterdir())):
         with pytest.raises(ReadBesideTheRepository):
             read()
     assert (DATA / "README.md").read_text()  # inside the repository: read as usual
