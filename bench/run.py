@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import xla_flags_with_devices
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -512,8 +514,7 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
 
 
 def _compile(model: str, layouts: list[str], smoke: bool) -> dict:
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={SIMULATED_DEVICES}"
-    devices = {"XLA_FLAGS": flags.strip()}  # the caller's other flags kept
+    devices = {"XLA_FLAGS": xla_flags_with_devices(SIMULATED_DEVICES)}
     fitting = [layout for layout in layouts if _fits(LAYOUTS[layout])]
     return _task("compile", env=devices, model=model, layouts=fitting, smoke=smoke) if fitting else {}
 

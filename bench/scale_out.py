@@ -25,6 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench import xla_flags_with_devices
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "wan2.1"
 LATENT, SMOKE_LATENT = (1, 3, 30, 40), (1, 3, 4, 8)  # (B, T, H, W) of the decoded latent; width over 8 devices
@@ -177,7 +179,7 @@ def _child_env(devices: int) -> dict:
         **env,
         STRUCTURE_CACHE_ENV: "off",
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={devices}".strip(),
+        "XLA_FLAGS": xla_flags_with_devices(devices),
     }
 
 

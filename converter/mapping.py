@@ -259,17 +259,17 @@ def _check_template(where: str, template: str, pattern: re.Pattern):
     """A `to` template names the match's groups, `{1}` or `{name}`, and nothing else: it is filled by str.format,
     which would also run a format spec (`{1:>99999999}`) or reach attributes (`{1.__class__}`)."""
     try:
-        fields = [field for _, field, spec, conversion in string.Formatter().parse(template) if field is not None]
-        specs = [(spec, conversion) for _, field, spec, conversion in string.Formatter().parse(template) if field]
+        parsed = [(field, spec, conversion) for _, field, spec, conversion in string.Formatter().parse(template)]
     except ValueError as e:
         raise MappingError(f"{where}: bad 'to' template {shown(template)}: {e}") from None
-    for field in fields:
+    fields = [(field, spec, conversion) for field, spec, conversion in parsed if field is not None]
+    for field, _, _ in fields:
         if not (field.isdigit() and int(field) <= pattern.groups or field in pattern.groupindex):
             raise MappingError(
                 f"{where}: 'to' names {{{field}}}: a template takes the match's groups only, {{0}} to "
                 f"{{{pattern.groups}}} or a named group"
             )
-    if any(spec or conversion for spec, conversion in specs):
+    if any(spec or conversion for _, spec, conversion in fields):
         raise MappingError(
             f"{where}: 'to' template {shown(template)} has a format spec or conversion; write groups bare"
         )

@@ -151,8 +151,9 @@ def _not_plain(tensor) -> str | None:
         return f"is a {str(tensor.layout).removeprefix('torch.')} tensor, not a dense one"
     if tensor.device.type == "meta":
         return "holds no data (a meta tensor)"
-    readable = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64, torch.int32, torch.int16)
-    if tensor.dtype not in (*readable, torch.int8):
+    weights_or_counts = (torch.float64, torch.float32, torch.float16, torch.bfloat16)
+    weights_or_counts += (torch.int64, torch.int32, torch.int16, torch.int8)
+    if tensor.dtype not in weights_or_counts:
         return f"holds {str(tensor.dtype).removeprefix('torch.')} values: neither weights nor a count this tool reads"
     return None
 

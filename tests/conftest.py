@@ -112,9 +112,9 @@ def pytest_collection_modifyitems(config, items):
         if unknown:
             raise pytest.UsageError(f"--family {', '.join(sorted(unknown))}: known: {', '.join(FAMILIES)}")
         wanted |= {name for name, family in FAMILIES.items() if family.folder in wanted}
-        deselected = [item for item in items if not item_family(item) & wanted]
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = [item for item in items if item_family(item) & wanted]
+        chosen = {item.nodeid for item in items if item_family(item) & wanted}
+        config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in chosen])
+        items[:] = [item for item in items if item.nodeid in chosen]
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -51,8 +51,9 @@ def report_on_8_devices(script: str, *args) -> dict:
 
 def with_simulated_devices(count: int) -> dict:
     """This process's environment with `count` simulated CPU devices for a child process (its other XLA flags kept)."""
-    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={count}"
-    return {**os.environ, "XLA_FLAGS": flags.strip()}
+    from bench import xla_flags_with_devices
+
+    return {**os.environ, "XLA_FLAGS": xla_flags_with_devices(count)}
 
 
 def environment_without_compile_cache() -> dict:
