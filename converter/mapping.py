@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import importlib.resources
 import re
-import reprlib
 import string
 from pathlib import Path
 
@@ -31,6 +30,7 @@ import numpy as np
 import yaml
 
 from converter.errors import MappingError
+from converter.models.common.config import shown
 
 # The fields each part of a mapping file may have (docs/mapping-format.md documents each; a test keeps the two equal)
 TOP_FIELDS = {"family", "patterns", "targets", "source_formats"}
@@ -246,15 +246,6 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
     return Rule(name=name, pattern=pattern, to=raw["to"], ops=tuple(ops), where=where, lookups=lookups)
 
 
-def shown(value) -> str:
-    """A YAML value in a message, bounded: aliases share one object, which a plain repr would expand without end."""
-    return _SHOWN.repr(value)
-
-
-_SHOWN = reprlib.Repr()
-_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 3, 6, 6, 80, 80
-
-
 def _check_template(where: str, template: str, pattern: re.Pattern):
     """A `to` template names the match's groups, `{1}` or `{name}`, and nothing else: it is filled by str.format,
     which would also run a format spec (`{1:>99999999}`) or reach attributes (`{1.__class__}`)."""
@@ -439,8 +430,8 @@ def match_rules(rules, drops, source: dict[str, tuple], target_shapes: dict[str,
 
 
 def summary(problems: list[str]) -> str:
-    shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-    return f"{len(problems)} mapping problem(s): " + " | ".join(shown)
+    listed = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+    return f"{len(problems)} mapping problem(s): " + " | ".join(listed)
 
 
 def plan(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes: dict[str, tuple]) -> list[Assignment]:

@@ -239,11 +239,7 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     source_formats.refuse_other_variant(fmt, family, config, req.model)
     dropped = {}
     if fmt.renames:
-        told = (
-            f"the config of {req.config_file}"
-            if req.config_file
-            else f"{req.model.name}'s config (--config FILE for another)"
-        )
+        told = origin if req.config_file or carried else f"{origin} (--config FILE for another)"
         renamed = source_formats.rename(rules, fmt, weights, diffusers_shapes(family, config), shown, told)
         weights, dropped = renamed.weights, renamed.dropped
     leaf_shapes = req.target.leaf_shapes(family, config)

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 from converter.errors import InputError
 from converter.models.cogvideox.spec import COGVIDEOX
-from converter.models.common.config import ConfigError
+from converter.models.common.config import MAX_PARAMETERS, MULTIPLIER, WIDTH, ConfigError
 from converter.models.common.spec import FamilySpec
 from converter.models.hunyuanvideo.spec import HUNYUANVIDEO
 from converter.models.ltx.spec import LTX, LTX2
@@ -48,6 +49,18 @@ def register(family: FamilySpec) -> None:
 
 for _family in (WAN, COGVIDEOX, QWENIMAGE, HUNYUANVIDEO, LTX, LTX2):
     register(_family)
+
+
+def ensure_plausible_size(config, shapes) -> None:
+    """Refuses a config whose (abstract) model has more parameters than any real VAE could: each field is bounded
+    (models/common/config.py), but widths multiply."""
+    count = sum(math.prod(shape) for shape in shapes)
+    if count > MAX_PARAMETERS:
+        widths = ", ".join(n for n, b in type(config).bounds.items() if b in (WIDTH, MULTIPLIER))
+        raise InputError(
+            f"the config's widths ({widths}) make a model of {count / 1e9:.4g} G parameters, more than the "
+            f"{MAX_PARAMETERS / 1e9:g} G of any real VAE; the config is not a real model's"
+        )
 
 
 def config_from_dict(family: FamilySpec, raw: dict, where: str | None = None):

@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from converter.registry import FAMILIES
+from converter.registry import FAMILIES, ensure_plausible_size
 
 # Where the Flax models' structures are kept between processes: a folder, or "off"; by default vae-convert/structures
 # in the user's cache folder.
@@ -52,6 +52,7 @@ def flax_structure(family_name: str, config, dtype: np.dtype) -> FlaxStructure:
     model = nnx.eval_shape(lambda: cls(config, rngs=_NoKeys(), param_dtype=jnp.dtype(dtype)))
     # the variables listed once here: walking the graph for them costs more than unpickling it
     structure = FlaxStructure(model, [(p, v) for p, v in nnx.iter_graph(model) if isinstance(v, nnx.Variable)])
+    ensure_plausible_size(config, (v.shape for _, v in structure.variables))
     _STRUCTURES[key] = pickle.dumps(structure)
     if entry is not None:
         _write_structure(entry, _STRUCTURES[key])

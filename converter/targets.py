@@ -27,7 +27,7 @@ from converter.mapping import target_path
 from converter.models.common.spec import FamilySpec
 from converter.orbax_io import OrbaxWriter
 from converter.output import read_manifest
-from converter.registry import FAMILIES, config_from_dict
+from converter.registry import FAMILIES, config_from_dict, ensure_plausible_size
 from converter.safetensors_io import SafetensorsFile, SafetensorsWriter, nbytes
 from converter.structure_cache import FlaxStructure, flax_structure
 
@@ -175,7 +175,9 @@ def meta_torch(family: FamilySpec, config):
     import torch
 
     with torch.device("meta"):
-        return family.torch_model()(config)
+        model = family.torch_model()(config)
+    ensure_plausible_size(config, (p.shape for p in model.parameters()))
+    return model
 
 
 def diffusers_shapes(family: FamilySpec, config) -> dict[str, tuple[int, ...]]:

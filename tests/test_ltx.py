@@ -331,8 +331,9 @@ def _with_metadata_config(source: Path, path: Path, value) -> Path:
 
 def test_a_metadata_config_of_odd_values_is_refused_by_field(tmp_path):
     """Values the translation computes with are checked before it does: a zero factor would divide, a string width
-    would be repeated, a config that is not JSON text would be parsed as something else. Each: exit 3, one line
-    naming the field, nothing left."""
+    would be repeated, a config that is not JSON text would be parsed as something else; sizes are bounded (a layer
+    count of 10**8 would be built without end, a width of 2**40 overflows). Each: exit 3, one line naming the field,
+    nothing left."""
     original = _small_original("0.9.5")
     state = save_diffusers(LTX, tmp_path / "vae", ltx_video_config(original)).state_dict()
     good = _single_file("0.9.5", state, tmp_path / "good.safetensors", original)
@@ -348,6 +349,8 @@ def test_a_metadata_config_of_odd_values_is_refused_by_field(tmp_path):
         "zero-multiplier": (decoder_block(1, {"residual": True, "multiplier": 0}), "multiplier 0"),
         "string-width": ({**original, "decoder_base_channels": "x"}, "decoder_base_channels 'x'"),
         "string-layers": (decoder_block(0, {"num_layers": "5"}), "num_layers '5'"),
+        "layers-without-end": (decoder_block(0, {"num_layers": 10**8}), "layers_per_block"),
+        "width-past-overflow": ({**original, "decoder_base_channels": 2**40}, "block_out_channels"),
     }
     for name, (config, needle) in cases.items():
         source = (

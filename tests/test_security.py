@@ -221,6 +221,39 @@ def test_a_config_of_the_wrong_type(flax_output, wan_small, tmp_path, config):
     fails(["wan2.1", "--source", checkpoint, "--to", "flax", "--out", tmp_path / "out"], InputError.exit_code)
 
 
+SIZES_WITHOUT_END = {  # a config edit, and the field the refusal names
+    "layers": ({"num_res_blocks": 10**7}, "num_res_blocks"),
+    "levels": ({"dim_mult": [1] * 10**5, "temperal_downsample": [False] * 10**5}, "dim_mult"),
+    "overflowing-width": ({"base_dim": 2**62}, "base_dim"),
+    "widths-that-multiply": ({"base_dim": 8192, "dim_mult": [64] * 4}, "G parameters"),
+}
+
+
+@pytest.mark.parametrize("edit", list(SIZES_WITHOUT_END), ids=list(SIZES_WITHOUT_END))
+def test_sizes_no_real_model_has_are_refused_before_building(flax_output, wan_small, tmp_path, edit):
+    """Each size a config sets is bounded, and the parameter count the widths make, wherever the config comes from:
+    a checkpoint's config.json, --config, an output's config.json (export, converter.load). Exit 3 within moments,
+    naming the field, where an unbounded build would run without end or overflow PyTorch's size arithmetic."""
+    change, needle = SIZES_WITHOUT_END[edit]
+    config = {**json.loads((wan_small[0] / "config.json").read_text()), **change}
+    checkpoint = shutil.copytree(wan_small[0], tmp_path / "checkpoint")
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    (tmp_path / "edit.json").write_text(json.dumps(change))
+    output = _copy(flax_output, tmp_path)
+    (output / "config.json").write_text(json.dumps({**json.loads((output / "config.json").read_text()), **change}))
+    out = tmp_path / "out"
+    started = time.monotonic()
+    for args in (
+        ["wan2.1", "--source", checkpoint, "--to", "torchax", "--out", out],
+        ["wan2.1", "--source", wan_small[0], "--config", tmp_path / "edit.json", "--to", "flax", "--out", out],
+        ["export", output, "--out", out],
+    ):
+        fails(args, InputError.exit_code, needle, out=out, in_process=True)
+    with pytest.raises(InputError, match=needle):
+        converter.load(output)
+    assert time.monotonic() - started < 30
+
+
 def _safetensors_with_header(path, header: bytes, data: bytes = b""):
     path.write_bytes(struct.pack("<Q", len(header)) + header + data)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..common.config import ConfigError, DiffusersConfig
+from ..common.config import LAYERS, PIXELS, STRIDE, WIDTH, ConfigError, DiffusersConfig
 from ..common.tiling import TilePlan
 
 
@@ -36,6 +36,17 @@ class CogVideoXVAEConfig(DiffusersConfig):
     invert_scale_latents: bool = False
 
     class_name = "AutoencoderKLCogVideoX"
+    bounds = {
+        "in_channels": WIDTH,
+        "out_channels": WIDTH,
+        "block_out_channels": WIDTH,
+        "latent_channels": WIDTH,
+        "layers_per_block": LAYERS,
+        "norm_num_groups": WIDTH,
+        "temporal_compression_ratio": STRIDE,
+        "sample_height": PIXELS,
+        "sample_width": PIXELS,
+    }
 
     @property
     def variant(self) -> str:

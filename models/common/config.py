@@ -5,12 +5,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 import types
 import typing
 
 
 class ConfigError(ValueError):
     """A config.json this model cannot be built from: unknown field, wrong type or range, unsupported option."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The largest value a config field may take, and why. Configs are untrusted bytes: a layer count of 10**7 is a
+    file of a few bytes whose (abstract) model would be built without end, and a width of 2**40 overflows PyTorch's
+    size arithmetic; bounds a few times what released models use keep every build short and every size exact."""
+
+    maximum: int
+    why: str
+
+
+# the roles a family's fields play, each bounded at a few times what any released VAE has
+WIDTH = Bound(8192, "a channel count; the widest released VAE layer has 2048")
+MULTIPLIER = Bound(64, "a width multiplier; released VAEs use up to 8")
+LAYERS = Bound(32, "a layer count; released VAEs have up to 6 per level")
+STRIDE = Bound(64, "a patch size or compression ratio; released VAEs use up to 32")
+PIXELS = Bound(65536, "a size in pixels")
+LEVELS = 16  # entries of a per-level list: released VAEs have up to 5 levels
+MAX_PARAMETERS = 8 * 10**9  # the largest released VAE has 1.3 G; 8 G in fp32 is 32 GB, as much as a host converts
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +42,8 @@ class DiffusersConfig:
     subclasses set `class_name` and may override `ensure_supported` to refuse configs they cannot run."""
 
     class_name: typing.ClassVar[str] = ""
+    # each integer field's bound (and a float field's that sets a size): every such field has one
+    bounds: typing.ClassVar[dict[str, Bound]] = {}
     # Keys published config.json files carry that the pinned diffusers no longer takes (and ignores, as we do).
     retired_fields: typing.ClassVar[tuple[str, ...]] = ()
 
@@ -37,10 +60,13 @@ class DiffusersConfig:
         if unknown:
             raise ConfigError(f"config.json has fields {cls.class_name} does not take: {', '.join(unknown)}")
         hints = typing.get_type_hints(cls)
-        for name in known & set(raw):
-            problem = _type_problem(raw[name], hints[name])
+        unbounded = sorted(n for n in known if "int" in str(hints[n]) and n not in cls.bounds)
+        if unbounded:
+            raise TypeError(f"{cls.__name__}: fields without a bound: {', '.join(unbounded)}")
+        for name in sorted(known & set(raw)):
+            problem = _type_problem(raw[name], hints[name], cls.bounds.get(name))
             if problem:
-                raise ConfigError(f"config.json: {name} is {raw[name]!r}, {problem}")
+                raise ConfigError(f"config.json: {name} is {shown(raw[name])}, {problem}")
         config = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known})
         config.ensure_supported()
         return config
@@ -67,11 +93,11 @@ class DiffusersConfig:
         return out
 
 
-def _type_problem(value, hint) -> str | None:
-    """Why `value` (from JSON) does not fit the annotation `hint`, or None."""
+def _type_problem(value, hint, bound: Bound | None) -> str | None:
+    """Why `value` (from JSON) does not fit the annotation `hint` and the field's `bound`, or None."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        problems = [_type_problem(value, arm) for arm in typing.get_args(hint)]
+        problems = [_type_problem(value, arm, bound) for arm in typing.get_args(hint)]
         return None if None in problems else "expected " + " or ".join(p.removeprefix("expected ") for p in problems)
     if hint is type(None):
         return None if value is None else "expected null"
@@ -79,7 +105,11 @@ def _type_problem(value, hint) -> str | None:
         item = typing.get_args(hint)[0]
         if not isinstance(value, (list, tuple)):
             return f"expected a list of {_name(item)}"
-        problems = [_type_problem(v, item) for v in value]
+        # lists of numbers hold a value per latent channel (statistics); the others, a value per level
+        entries, why = (WIDTH.maximum, "one per channel") if item is float else (LEVELS, "one per level")
+        if len(value) > entries:
+            return f"expected a list of at most {entries} entries ({why})"
+        problems = [_type_problem(v, item, bound) for v in value]
         return next(
             (
                 f"expected a list of {_name(item)} ({p.removeprefix('expected ')} at entry {i})"
@@ -93,15 +123,33 @@ def _type_problem(value, hint) -> str | None:
     if hint is int:
         if not isinstance(value, int) or isinstance(value, bool):
             return "expected an integer"
-        return None if value >= 1 else "expected an integer of at least 1"
+        return _range_problem(value, "an integer", bound)
     if hint is float:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             return "expected a number"
-        return None if math.isfinite(value) else "expected a finite number"
+        if not math.isfinite(value):
+            return "expected a finite number"
+        return _range_problem(value, "a number", bound) if bound else None
     if hint is str:
         return None if isinstance(value, str) else "expected a string"
     raise TypeError(f"config field type {hint} has no check")
 
 
+def _range_problem(value, kind: str, bound: Bound) -> str | None:
+    if 1 <= value <= bound.maximum:
+        return None
+    return f"expected {kind} from 1 to {bound.maximum} ({bound.why})"
+
+
 def _name(hint) -> str:
     return {int: "integers", float: "numbers", bool: "booleans", str: "strings"}.get(hint, str(hint))
+
+
+def shown(value) -> str:
+    """An untrusted value (JSON, YAML) in a one-line message, bounded: a long list, or YAML aliases sharing one
+    object, would make a plain repr without end."""
+    return _SHOWN.repr(value)
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxdict, _SHOWN.maxstring, _SHOWN.maxother = 3, 6, 6, 80, 80

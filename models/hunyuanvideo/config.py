@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..common.config import ConfigError, DiffusersConfig
+from ..common.config import LAYERS, STRIDE, WIDTH, ConfigError, DiffusersConfig
 from ..common.tiling import SampleTiling
 
 
@@ -29,6 +29,16 @@ class HunyuanVideoVAEConfig(DiffusersConfig):
     mid_block_add_attention: bool = True
 
     class_name = "AutoencoderKLHunyuanVideo"
+    bounds = {
+        "in_channels": WIDTH,
+        "out_channels": WIDTH,
+        "latent_channels": WIDTH,
+        "block_out_channels": WIDTH,
+        "layers_per_block": LAYERS,
+        "norm_num_groups": WIDTH,
+        "spatial_compression_ratio": STRIDE,
+        "temporal_compression_ratio": STRIDE,
+    }
 
     @property
     def variant(self) -> str:

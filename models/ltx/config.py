@@ -8,7 +8,7 @@ import dataclasses
 import math
 import typing
 
-from ..common.config import ConfigError, DiffusersConfig
+from ..common.config import LAYERS, STRIDE, WIDTH, ConfigError, DiffusersConfig
 from ..common.tiling import SampleTiling
 
 STRIDES = {"conv": (2, 2, 2), "spatial": (1, 2, 2), "temporal": (2, 1, 1), "spatiotemporal": (2, 2, 2)}
@@ -80,6 +80,20 @@ class LTXVideoVAEConfig(DiffusersConfig):
     temporal_compression_ratio: int | None = None
 
     class_name = "AutoencoderKLLTXVideo"
+    bounds = {
+        "in_channels": WIDTH,
+        "out_channels": WIDTH,
+        "latent_channels": WIDTH,
+        "block_out_channels": WIDTH,
+        "decoder_block_out_channels": WIDTH,
+        "layers_per_block": LAYERS,
+        "decoder_layers_per_block": LAYERS,
+        "upsample_factor": STRIDE,
+        "patch_size": STRIDE,
+        "patch_size_t": STRIDE,
+        "spatial_compression_ratio": STRIDE,
+        "temporal_compression_ratio": STRIDE,
+    }
 
     @property
     def variant(self) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from ..common.config import DiffusersConfig
+from ..common.config import LAYERS, MULTIPLIER, WIDTH, DiffusersConfig
 from ..wan.config import WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, WanLayout
 
 
@@ -26,6 +26,13 @@ class QwenImageVAEConfig(WanLayout, DiffusersConfig):
     latents_std: tuple[float, ...] = tuple(WAN21_LATENTS_STD)
 
     class_name = "AutoencoderKLQwenImage"
+    bounds = {
+        "base_dim": WIDTH,
+        "z_dim": WIDTH,
+        "input_channels": WIDTH,
+        "dim_mult": MULTIPLIER,
+        "num_res_blocks": LAYERS,
+    }
     # what AutoencoderKLWan configures and this class fixes: Wan 2.1's layout, no patches, one decoder width
     decoder_base_dim: typing.ClassVar[None] = None
     is_residual: typing.ClassVar[bool] = False

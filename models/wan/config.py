@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..common.config import ConfigError, DiffusersConfig
+from ..common.config import LAYERS, MULTIPLIER, STRIDE, WIDTH, ConfigError, DiffusersConfig
 from ..common.tiling import TilePlan
 
 WAN21_LATENTS_MEAN = [
@@ -238,6 +238,18 @@ class WanVAEConfig(WanLayout, DiffusersConfig):
     scale_factor_spatial: int | None = 8
 
     class_name = "AutoencoderKLWan"
+    bounds = {
+        "base_dim": WIDTH,
+        "decoder_base_dim": WIDTH,
+        "z_dim": WIDTH,
+        "in_channels": WIDTH,
+        "out_channels": WIDTH,
+        "dim_mult": MULTIPLIER,
+        "num_res_blocks": LAYERS,
+        "patch_size": STRIDE,
+        "scale_factor_temporal": STRIDE,
+        "scale_factor_spatial": STRIDE,
+    }
     retired_fields = ("clip_output",)  # in Wan 2.2's published config; diffusers dropped the option
 
 
