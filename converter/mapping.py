@@ -31,6 +31,7 @@ import yaml
 
 from converter.errors import MappingError
 from converter.models.common.config import shown
+from converter.registry import MODELS
 
 # The fields each part of a mapping file may have (docs/mapping-format.md documents each; a test keeps the two equal)
 TOP_FIELDS = {"family", "patterns", "targets", "source_formats"}
@@ -169,14 +170,19 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
     }
     rules = tuple(_parse_rule(path, r, patterns, tables) for r in _flattened(raw.get("rules", [])))
     drops = tuple(_parse_rule(path, r, patterns, fields=DROP_FIELDS) for r in _flattened(raw.get("drop", [])))
+    model, pairings = raw.get("model"), raw.get("pairings")
+    if model is not None and (not isinstance(model, str) or model not in MODELS):
+        raise MappingError(f"{where}: 'model' of source format {name!r} is {shown(model)}, not a model name")
+    if pairings is not None and (not isinstance(pairings, str) or Path(pairings).name != pairings):
+        raise MappingError(f"{where}: 'pairings' of source format {name!r} must be a file name, got {shown(pairings)}")
     config = raw.get("config")
     if config is not None and config not in CONFIG_SOURCES:
         raise MappingError(f"{where}: 'config' of source format {name!r} must be one of {list(CONFIG_SOURCES)}")
     return SourceFormat(
         name=name,
         about=str(raw.get("about", name)),
-        model=raw.get("model"),
-        pairings=raw.get("pairings"),
+        model=model,
+        pairings=pairings,
         signature=tuple(signature),
         wrapper=container.get("wrapper"),
         rules=rules,
@@ -243,6 +249,8 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
             raise MappingError(f"{where}: {op} takes a list of integers, got {shown(value)}")
         ops.append((op, tuple(value)))
     name = raw.get("name", raw["match"])
+    if not isinstance(name, str):
+        raise MappingError(f"{where}: a rule's 'name' must be a string, got {shown(name)}")
     return Rule(name=name, pattern=pattern, to=raw["to"], ops=tuple(ops), where=where, lookups=lookups)
 
 

@@ -31,7 +31,7 @@ class KnownFormat:
 
 def known_formats(family, own: mapping.Mapping) -> list[KnownFormat]:
     """Every mapping file's formats, each file once; the converting family's from `own` (the family's mapping file or
-    --mapping's), under the converting family also where families share the file. Another family's mapping file that
+    --mapping's). Another family's mapping file that
     does not load is left out: it is that family's problem (check-mappings names it), not this conversion's."""
     out, seen = [], set()
     for other in FAMILIES.values():
@@ -43,8 +43,14 @@ def known_formats(family, own: mapping.Mapping) -> list[KnownFormat]:
             rules = own if shared else mapping.load_mapping(mapping.MAPPINGS_DIR / other.mapping_file)
         except MappingError:
             continue
-        out += [KnownFormat(family if shared else other, rules, fmt) for fmt in rules.formats.values()]
+        out += [KnownFormat(_holder(fmt, family if shared else other), rules, fmt) for fmt in rules.formats.values()]
     return out
+
+
+def _holder(fmt: mapping.SourceFormat, family):
+    """The family whose checkpoints a format holds: its model's where it names one (families sharing a mapping file
+    keep each other's formats), else the mapping file's."""
+    return MODELS[fmt.model].family if fmt.model else family
 
 
 def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list[Path]) -> mapping.SourceFormat:

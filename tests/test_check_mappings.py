@@ -125,6 +125,10 @@ def test_dead_rule(tmp_path):
         (lambda t: t.replace("to: '{1}'", "to: '{1}{'", 1), "bad 'to' template"),
         (lambda t: t.replace("to: '{1}'", "to: '{9}'", 1), "a template takes the match's groups only"),
         (lambda t: t.replace("transpose: [2, 3, 1, 0]", "transpose: [true, false]", 1), "takes a list of integers"),
+        (lambda t: t.replace("- name: causal-conv3d-kernel", "- name: [a, list]", 1), "'name' must be a string"),
+        (lambda t: t.replace("model: wan2.1", "model: no-such-model", 1), "not a model name"),
+        (lambda t: t.replace("model: wan2.1", "model: [wan2.1]", 1), "not a model name"),
+        (lambda t: t.replace("pairings: wan2.1-original.json", "pairings: ../x.json", 1), "must be a file name"),
     ],
 )
 def test_malformed_file_names_file_and_line(tmp_path, edit, message):

@@ -314,6 +314,20 @@ def test_single_file_with_a_broken_metadata_config_or_of_the_other_generation_is
         "try `vae-convert ltx-2`",
         out=tmp_path / "out",
     )
+    # a key of 0.9.5's signature too: the formats it fits are each named with their own family
+    with_timestep = {
+        **load_file(ltx2_file),
+        "vae.decoder.last_time_embedder.timestep_embedder.linear_1.weight": torch.ones(1),
+    }
+    save_file(
+        with_timestep, tmp_path / "both.safetensors", metadata={"config": json.dumps({"vae": _small_original("2.0")})}
+    )
+    fails(
+        ["ltx-2", "--source", tmp_path / "both.safetensors", "--to", "flax", "--out", tmp_path / "out"],
+        3,
+        "ltx-0.9.5 (ltx), ltx-2 (ltx2)",
+        out=tmp_path / "out",
+    )
 
 
 def _with_metadata_config(source: Path, path: Path, value) -> Path:
