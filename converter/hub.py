@@ -291,16 +291,32 @@ def git_blob_sha1(path: Path) -> str:
     return digest.hexdigest()
 
 
-def verify(cached_file: Path, sha256: str, repo_id: str):
-    """Refuses a cached Hub file whose bytes are not the ones the Hub named, and removes it from the cache so the
-    next run downloads it again. `sha256` is the file's, computed for the manifest."""
-    expected = hub_digest(cached_file)
+def asked_digest(repo_id: str, revision: str, path_in_repo: str) -> tuple[str, str] | None:
+    """(algorithm, digest) the Hub lists for a file of a commit: the LFS sha256, else git's blob sha1; None when it
+    lists neither."""
+    import huggingface_hub
+
+    info = call(
+        lambda: huggingface_hub.HfApi().model_info(repo_id, revision=revision, files_metadata=True), repo_id, revision
+    )
+    sibling = next((s for s in info.siblings or [] if s.rfilename == path_in_repo), None)
+    if sibling is None:
+        raise InputError(f"{repo_id}@{revision}: the Hub lists no {path_in_repo}, which the cache holds")
+    if sibling.lfs is not None:
+        return "sha256", sibling.lfs.sha256
+    return ("git-sha1", sibling.blob_id) if sibling.blob_id else None
+
+
+def verify(cached_file: Path, sha256: str, repo_id: str, expected: tuple[str, str] | None) -> bool:
+    """Refuses a cached Hub file whose bytes are not the ones the Hub named (`expected`: see hub_digest and
+    asked_digest), and removes it from the cache so the next run downloads it again; False when there was no digest
+    to compare. `sha256` is the file's, computed for the manifest."""
     if expected is None:
-        return
+        return False
     algorithm, digest = expected
     actual = sha256 if algorithm == "sha256" else git_blob_sha1(cached_file)
     if actual == digest:
-        return
+        return True
     blob = cached_file.resolve()
     for path in (cached_file, blob):
         path.unlink(missing_ok=True)

@@ -207,6 +207,8 @@ class Source:
     origin: str  # what the user named: an absolute path or a repo id
     revision: str | None = None  # the resolved Hub commit
     config_file: Path | None = None  # where `config` was read
+    snapshot: Path | None = None  # a Hub source's snapshot folder in the Hugging Face cache
+    offline: bool = False  # a Hub source read from the cache alone: the Hub is not asked for digests
 
     @property
     def protected(self) -> list[Path]:
@@ -230,12 +232,24 @@ class Source:
         def result() -> dict:
             out["sha256"] = {p.name: d.result() for p, d in zip(self.weight_files, digests)}
             if self.revision:
-                for path in self.weight_files:
-                    hub.verify(path, out["sha256"][path.name], self.origin)
-                out["verified"] = "sha256 equal to the Hub's"
+                unverified = [p.name for p in self.weight_files if not self._verify(p, out["sha256"][p.name])]
+                out["verified"] = (
+                    f"no: the cache names no Hub digest for {', '.join(unverified)}, and the run was offline"
+                    if unverified
+                    else "sha256 equal to the Hub's"
+                )
             return out
 
         return result
+
+
+    def _verify(self, path: Path, sha256: str) -> bool:
+        """Compares a Hub file with the digest the cache names it by; a cache of plain files (copied dereferenced, or
+        made where links are unsupported) names none: the Hub is asked, unless offline."""
+        expected = hub.hub_digest(path)
+        if expected is None and not self.offline:
+            expected = hub.asked_digest(self.origin, self.revision, path.relative_to(self.snapshot).as_posix())
+        return hub.verify(path, sha256, self.origin, expected)
 
 
 def _sha256(path: Path) -> str:
@@ -363,7 +377,15 @@ def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Sou
     if not folder.is_dir():
         raise InputError(f"{repo_id}@{revision} has no {subfolder}/ folder with VAE weights")
     resolved = _from_path(folder)
-    return Source(resolved.weight_files, resolved.config, repo_id, revision=root.name, config_file=resolved.config_file)
+    return Source(
+        resolved.weight_files,
+        resolved.config,
+        repo_id,
+        revision=root.name,
+        config_file=resolved.config_file,
+        snapshot=root,
+        offline=offline or hub.offline_env(),
+    )
 
 
 def vae_patterns(subfolder: str) -> list[str]:

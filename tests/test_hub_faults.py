@@ -5,6 +5,7 @@ publishing that never commits twice nor loses the local output."""
 from __future__ import annotations
 
 import hashlib
+import shutil
 import time
 
 import pytest
@@ -102,6 +103,29 @@ def test_a_rotten_cached_blob_is_refused(hub, tmp_path):
         out=tmp_path / "out",
     )
     assert not blob.exists()
+
+
+def test_a_cache_of_plain_files_is_checked_against_the_hub_or_said_unchecked(hub, tmp_path, monkeypatch):
+    """A cache copied dereferenced (or made where links are unsupported) names no digest: online the Hub is asked
+    and tampered bytes are refused; offline the manifest and `info` say the file was not verified."""
+    _convert(tmp_path / "first")
+    plain = shutil.copytree(tmp_path / "hf-cache", tmp_path / "plain-cache")  # links followed: plain files
+    weights = next(plain.glob(f"models--*/snapshots/*/{WEIGHTS}"))
+    assert not weights.is_symlink()
+    monkeypatch.setenv("HF_HUB_CACHE", str(plain))
+    _convert(tmp_path / "offline", "--offline")
+    source = manifest(tmp_path / "offline")["source"]
+    assert source["verified"].startswith("no: the cache names no Hub digest for diffusion_pytorch_model.safetensors")
+    assert "verified: no: " in run_cli("info", tmp_path / "offline").stdout
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 1
+    weights.write_bytes(bytes(data))
+    fails(
+        ["wan2.1", "--to", "torchax", "--out", tmp_path / "out"],
+        InputError.exit_code,
+        "is corrupt",
+        out=tmp_path / "out",
+    )
 
 
 def test_a_silent_hub_ends_within_the_bound(hub, tmp_path, monkeypatch):
