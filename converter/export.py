@@ -22,7 +22,7 @@ import numpy as np
 
 from converter import compat, mapping, untrusted, validate
 from converter.errors import InputError, OutputError, UsageError, ValidationError
-from converter.output import MANIFEST, OutputFolder, new_manifest, write_json
+from converter.output import MANIFEST, OutputFolder, cannot_write, new_manifest, specs_bytes, write_json
 from converter.registry import FAMILIES
 from converter.report import Summary, failure_message, no_progress, record_validation, silent
 from converter.runners import TorchRunner
@@ -76,6 +76,7 @@ def export(req: ExportRequest) -> Summary:
             source={"origin": str(source), "exported_from": "flax", "flax_output": _provenance(manifest)},
         )
         specs = {key: (shape, dtype) for key, shape in shapes.items()}
+        folder.needed = specs_bytes(specs)
         writer = TORCHAX.open_writer("safetensors", work, specs, {"format": "pt", "vae_convert": record})
         by_key = {a.source_key: a for a in assignments}
         try:
@@ -85,7 +86,7 @@ def export(req: ExportRequest) -> Summary:
                 writer.write(key, mapping.apply_ops(mapping.inverse_ops(a.rule.ops, specs[key][0]), leaf).astype(dtype))
             writer.close()
         except OSError as e:
-            raise OutputError(f"cannot write to {work.parent}: {e.strerror or e}") from None
+            raise cannot_write(work.parent, e, folder.needed) from None
         write_json(work / "config.json", config.to_dict())
         write_json(work / MANIFEST, record)
         comparisons = _validate(req, family, config, source, work, record, folder.out)
@@ -207,13 +208,14 @@ def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path
     )
     with folder as work:
         specs = {key: (tuple(v.shape), dtype) for key, v in leaves.items()}
+        folder.needed = specs_bytes(specs)
         try:
             writer = FLAX.open_writer(fmt, work, specs, {"vae_convert": record})
             for key, leaf in leaves.items():
                 writer.write(key, np.asarray(leaf))
             writer.close()
         except OSError as e:
-            raise OutputError(f"cannot write to {work.parent}: {e.strerror or e}") from None
+            raise cannot_write(work.parent, e, folder.needed) from None
         write_json(work / "config.json", vae.config.to_dict())
         write_json(work / MANIFEST, record)
         folder.commit()

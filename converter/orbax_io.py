@@ -4,10 +4,13 @@ readers that map each leaf's bytes (our layout) or read Orbax's default layout i
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import math
 import mmap
 import os
+import re
+import sys
 from pathlib import Path
 
 import ml_dtypes
@@ -163,7 +166,7 @@ class OrbaxWriter:
             context = ocp.Context()
             for option, value in ORBAX_SAVING.items():
                 setattr(context.array.saving, option, value)
-            with context:
+            with context, _orbax_writing():
                 partial.save(self.path, nested(self.group), custom_metadata=self.metadata)
         self.group, self.group_bytes = {}, 0
 
@@ -171,21 +174,53 @@ class OrbaxWriter:
         from orbax.checkpoint.experimental.v1 import partial
 
         self._save_group()
-        with _orbax_merge_note_hidden():
+        with _orbax_writing():
             partial.finalize(self.path)
 
 
+# what Orbax logs that is no news to the user: finalize's merge of per-process OCDBT stores finding none (none are
+# written), and each of its writer threads reporting the failure that the caller is raised anyway
+_MERGE_NOTE = "[process=%s][thread=%s] Skipping merge of OCDBT checkpoints"
+_THREAD_FAILURE = "_SignalingThread.run() raised an exception"
+
+
 @contextlib.contextmanager
-def _orbax_merge_note_hidden():
-    """Orbax's finalize merges per-process OCDBT stores and, finding none (none are written), logs a warning that
-    would reach the user's terminal; nothing else it logs is hidden."""
+def _orbax_writing():
+    """Orbax's writes as the tool reports them: a failed file write (Orbax raises it as ValueError with the OS's
+    error code) is the OSError it was, and what the user needs not see is hidden: the notes above, and the
+    tracebacks Orbax's writer threads print when a write fails (what they print is held until the write is done)."""
 
     def keep(record):
-        return not str(record.msg).startswith("[process=%s][thread=%s] Skipping merge of OCDBT checkpoints")
+        message = str(record.msg)
+        return not (message.startswith(_MERGE_NOTE) or _THREAD_FAILURE in record.getMessage())
 
     logger = logging.getLogger("absl")
     logger.addFilter(keep)
+    held = io.StringIO()
     try:
-        yield
+        with contextlib.redirect_stderr(held):
+            yield
+    except ValueError as e:
+        code = re.search(r"os_error_code='(\d+)'", str(e))
+        if code is None:
+            raise
+        _quiet_after_a_failed_write()
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1)))) from None
+    else:
+        sys.stderr.write(held.getvalue())  # nothing failed: what was printed meanwhile is the user's to see
     finally:
         logger.removeFilter(keep)
+
+
+def _quiet_after_a_failed_write():
+    """What Orbax's machinery says after a failed write, when the failure has been reported: each failed write task
+    logs its exception when it is collected (which may be at exit), and TensorStore's writes still in flight print
+    a traceback each (as unraisable) finding the event loop Orbax closed."""
+    logging.getLogger("asyncio").addFilter(lambda record: "os_error_code=" not in record.getMessage())
+    shown = sys.unraisablehook
+
+    def unraisablehook(unraisable):
+        if str(unraisable.exc_value) != "Event loop is closed":
+            shown(unraisable)
+
+    sys.unraisablehook = unraisablehook

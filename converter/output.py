@@ -21,6 +21,7 @@ import ctypes
 import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -28,6 +29,8 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+import numpy as np
 
 from converter import untrusted
 from converter.errors import InputError, OutputError
@@ -45,6 +48,31 @@ def new_manifest(**fields) -> dict:
     from converter import __version__, environment
 
     return {"tool": TOOL, "version": __version__, "environment": environment.versions(), **fields}
+
+
+FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def cannot_write(location: Path, error: OSError, needed: int | None = None) -> OutputError:
+    """The one line for a write into `location` that failed; on a full disk, about what the output needs."""
+    message = f"cannot write to {location}: {error.strerror or error}"
+    if error.errno in FULL and needed:
+        message += f" (the output needs about {size_text(needed)})"
+    return OutputError(message)
+
+
+def specs_bytes(specs: dict) -> int:
+    """The bytes of tensors listed as {key: (shape, dtype)}."""
+    return sum(math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in specs.values())
+
+
+def size_text(n: int | None) -> str:
+    if n is None:
+        return "size unknown"
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
 
 
 def write_json(path: Path, content: dict):
@@ -162,6 +190,7 @@ class OutputFolder:
         self.work: Path | None = None
         self.moved_aside: Path | None = None  # where --force put the old output while the new one moves in
         self.committed = False
+        self.needed: int | None = None  # about how many bytes the output takes, for a full disk's message
 
     def check(self):
         """Whether --out may be written at all; also cleans up after killed runs at the same --out."""
@@ -216,10 +245,12 @@ class OutputFolder:
             _IN_PROGRESS.add(self)
         return self.work
 
-    def __exit__(self, *exc_info):
+    def __exit__(self, exc_type, exc, traceback):
         if not self.committed:
             _remove(self.work)
         _IN_PROGRESS.discard(self)
+        if isinstance(exc, OSError) and exc.errno in FULL:  # whatever was being written: the output, the picture
+            raise cannot_write(self.out.parent, exc, self.needed) from None
         return False
 
     def abandon(self) -> bool:

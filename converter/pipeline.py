@@ -18,7 +18,7 @@ import numpy as np
 from converter import enable_compile_cache, mapping, source_formats, sources, validate
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
 from converter.models.common.config import ConfigError
-from converter.output import MANIFEST, OutputFolder, new_manifest, write_json
+from converter.output import MANIFEST, OutputFolder, cannot_write, new_manifest, specs_bytes, write_json
 from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
 from converter.report import Summary, failure_message, no_progress, record_validation, silent
 from converter.targets import DTYPES, Target, diffusers_shapes, load_output
@@ -293,8 +293,9 @@ def _convert(req: Request, source: sources.Source, folder: OutputFolder, provena
             },
         )
         specs = {a.target_key: (plan.leaf_shapes[a.target_key], dtype) for a in plan.assignments}
+        folder.needed = specs_bytes(specs)
         recorded = {k: None for k in family.recorded_tensors}
-        nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest, recorded)
+        nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest, recorded, folder.needed)
         if family.recorded_tensors:
             manifest["tensors"] = recorded
         manifest["source"] = dict(provenance(), format=plan.source_format.name)
@@ -333,7 +334,7 @@ def _validate(req, plan, dtype, work, manifest, out) -> list:
     return record_validation(outcome, manifest, work, out, req)
 
 
-def _write_weights(work, req, assignments, weights, specs, manifest, recorded: dict) -> int:
+def _write_weights(work, req, assignments, weights, specs, manifest, recorded: dict, needed: int) -> int:
     """Writes the mapped weights, and the values of the source tensors `recorded` names into it."""
     metadata = {"vae_convert": manifest}  # what is known before writing; the full manifest is a file
     try:
@@ -351,5 +352,5 @@ def _write_weights(work, req, assignments, weights, specs, manifest, recorded: d
             weights.release(a.source_key)
         writer.close()
     except OSError as e:
-        raise OutputError(f"cannot write to {work.parent}: {e.strerror or e}") from None
+        raise cannot_write(work.parent, e, needed) from None
     return nbytes

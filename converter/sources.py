@@ -15,6 +15,7 @@ import numpy as np
 
 from converter import hub, untrusted
 from converter.errors import InputError
+from converter.output import size_text
 from converter.registry import ModelEntry
 from converter.safetensors_io import SafetensorsFile
 
@@ -430,18 +431,9 @@ def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) ->
 
 
 def describe_files(files: list[dict]) -> str:
-    lines = [f"  {'cached ' if f['cached'] else 'fetch  '} {f['path']}  ({_size(f['size'])})" for f in files]
+    lines = [f"  {'cached ' if f['cached'] else 'fetch  '} {f['path']}  ({size_text(f['size'])})" for f in files]
     total = sum(f["size"] or 0 for f in files if not f["cached"])
-    return "\n".join(lines + [f"  to fetch: {_size(total)}"])
-
-
-def _size(n) -> str:
-    if n is None:
-        return "size unknown"
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1000 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
+    return "\n".join(lines + [f"  to fetch: {size_text(total)}"])
 
 
 def ensure_weights_fit_config(family, expected: dict[str, tuple], weights, where: str = ""):

@@ -160,3 +160,53 @@ def test_a_writer_still_adding_files_cannot_bring_the_work_folder_back(tmp_path,
     output._remove(work)
     assert writes and set(writes) == {"failed"}
     assert list(tmp_path.iterdir()) == []
+
+
+def _on_a_small_disk(tmp_path, size: str, command: str) -> subprocess.CompletedProcess:
+    """Runs the shell `command` with $DISK a filesystem of `size` of its own: a tmpfs mounted in a private mount
+    namespace (no privileges needed where user namespaces are allowed), so a full disk is real and nothing else is
+    filled."""
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no private mount namespace on this machine (unshare -rm: {probe.stderr.strip()})")
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = f'mount -t tmpfs -o size={size} tmpfs "$DISK" && {command}; code=$?; echo left: $(ls -A "$DISK"); exit $code'
+    env = {**os.environ, "DISK": str(disk), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO)
+
+
+SAVE = """import sys, converter
+try:
+    converter.save(converter.load(sys.argv[1]), sys.argv[2])
+except converter.errors.OutputError as e:
+    print("raised:", e)"""
+FULL_DISKS = {  # what is written, how much room there is, and what is already there
+    "orbax-output": ("vae-convert wan2.1 --source {src} --to flax --out $DISK/out --no-validate", "2m", ""),
+    "validation-picture": ("vae-convert wan2.1 --source {src} --to torchax --out $DISK/out", "4m", "filler"),
+    "converter-save": ("python -c '" + SAVE + "' {flax} $DISK/out", "2m", ""),
+}
+
+
+@pytest.mark.parametrize(
+    "case", [c if c == "orbax-output" else pytest.param(c, marks=pytest.mark.slow) for c in FULL_DISKS]
+)
+def test_a_full_disk_is_exit_6_with_one_line_and_nothing_left(wan_small, wan_small_outputs, tmp_path, case):
+    """Orbax reports a full disk as ValueError from its writer threads, which also print tracebacks; the picture is
+    drawn after the whole validation; converter.save is an API. Each: the output error, one line, nothing left."""
+    command, size, filler = FULL_DISKS[case]
+    command = command.format(src=wan_small[0], flax=wan_small_outputs["flax"])
+    if filler:  # room for the weights, none for the picture
+        command = f'head -c 300000 /dev/zero > "$DISK/filler" && {command}'
+    result = _on_a_small_disk(tmp_path, size, command)
+    left = next(line for line in result.stdout.splitlines() if line.startswith("left:")).split()[1:]
+    assert left == ([filler] if filler else []), result.stdout
+    if case == "converter-save":
+        assert "raised: cannot write to" in result.stdout and "No space left on device" in result.stdout, result.stderr
+        assert "Traceback" not in result.stderr, result.stderr
+        return
+    assert result.returncode == OutputError.exit_code, result.stderr
+    lines = result.stderr.splitlines()
+    assert "Traceback" not in result.stderr and lines[-1].startswith("error: cannot write to"), result.stderr
+    assert "No space left on device (the output needs about" in lines[-1]
+    assert len([line for line in lines if not line.startswith(("dtype:", "converting", "validating"))]) == 1, lines
