@@ -10,8 +10,11 @@ torchax  -> the PyTorch model (diffusers' names) with the converted weights, on 
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from pathlib import Path
 
+from converter.structure_cache import note
 from converter.targets import load_output
 
 COMPILE_CACHE_ENV = "VAE_CONVERT_COMPILE_CACHE"
@@ -25,10 +28,34 @@ def enable_compile_cache(directory: str | Path | None = None) -> bool:
     directory = directory or os.environ.get(COMPILE_CACHE_ENV)
     if not directory:
         return False
-    jax.config.update("jax_compilation_cache_dir", str(Path(directory).expanduser().absolute()))
+    folder = Path(directory).expanduser().absolute()
+    jax.config.update("jax_compilation_cache_dir", str(folder))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # the steps are small on CPU: keep them all
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    _cache_failures_noted(folder)
     return True
+
+
+def _cache_failures_noted(folder: Path):
+    """JAX warns, two lines with its own file and line, for every entry it cannot read or write (a full disk, a
+    file where the folder should be); the run goes on without it. Said once per process, as a note."""
+    shown = warnings.showwarning
+    if getattr(shown, "notes_cache_failures", False):
+        return
+    noted = []
+
+    def showwarning(message, category, filename, lineno, file=None, line=None):
+        text = str(message)
+        if not text.startswith(("Error writing persistent compilation cache entry", "Error reading persistent")):
+            return shown(message, category, filename, lineno, file, line)
+        if not noted:
+            noted.append(text)
+            found = re.search(r"\[Errno \d+\] ([^:]+)", text)
+            reason = found.group(1) if found else text.split("': ", 1)[-1]
+            note(f"compiled steps are not kept in {folder} ({reason}); set {COMPILE_CACHE_ENV} to another folder")
+
+    showwarning.notes_cache_failures = True
+    warnings.showwarning = showwarning
 
 
 def load(path: str | Path, mesh=None):

@@ -142,14 +142,14 @@ def _private_folder(folder: Path) -> bool:
         return True
     if folder not in _REFUSED_FOLDERS:
         _REFUSED_FOLDERS.add(folder)
-        _note(
+        note(
             f"the model structure cache {folder} is not used: it is not a folder of this user's that only this user "
             f"can write; set {STRUCTURE_CACHE_ENV} to a private folder, or to off"
         )
     return False
 
 
-def _note(message: str):
+def note(message: str):
     """One line on stderr, for what a user should know that does not stop the work."""
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.write(f"vae-convert: note: {message}\n")
@@ -172,7 +172,7 @@ def _write_structure(entry: Path, kept: bytes) -> None:
         if temporary is not None:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
-        _note(f"the model structure is not kept in {entry.parent} ({e.strerror or e}); set {STRUCTURE_CACHE_ENV} "
+        note(f"the model structure is not kept in {entry.parent} ({e.strerror or e}); set {STRUCTURE_CACHE_ENV} "
               f"to another folder, or to off")  # fmt: skip
 
 

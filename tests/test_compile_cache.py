@@ -157,6 +157,20 @@ def test_a_cache_that_cannot_keep_structures_is_noted(flax_outputs, tmp_path, mo
     assert _decoded(vae).shape[1] > 2
 
 
+def test_a_compile_cache_that_cannot_keep_entries_is_one_note(flax_outputs, tmp_path):
+    """JAX warns, two lines with its own file and line, for each entry it cannot write: one note for the process."""
+    out, _ = flax_outputs
+    cache = tmp_path / "cache"
+    cache.write_text("a file where the folder would go")
+    env = {**environment_without_compile_cache(), COMPILE_CACHE_ENV: str(cache)}
+    result = subprocess.run([sys.executable, "-c", DECODE, str(out)], cwd=REPO, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"vae-convert: note: compiled steps are not kept in {cache} (File exists); set {COMPILE_CACHE_ENV} to another "
+        f"folder"
+    ]
+
+
 @pytest.mark.parametrize("family", per_family(fast=lambda family: family.name == next(iter(FAMILIES))))
 def test_one_compile_per_chunk_shape(tmp_path, family):
     """A whole video compiles two steps (the first chunk, with no history, and the steady chunk), not one per chunk
