@@ -243,7 +243,6 @@ class Source:
 
         return result
 
-
     def _verify(self, path: Path, sha256: str) -> bool:
         """Compares a Hub file with the digest the cache names it by; a cache of plain files (copied dereferenced, or
         made where links are unsupported) names none: the Hub is asked, unless offline."""

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from converter.models.common.testing import SMALL_TILES
-from converter.models.hunyuanvideo.modeling_flax import frame_causal_attention
 from converter.registry import FAMILIES
 from tests.helpers import converted_by_cli, manifest, run_cli, runner, small
 
@@ -81,39 +80,6 @@ def test_diffusers_reads_the_torchax_output(converted, tmp_path):
     assert read.state_dict().keys() == reference.state_dict().keys()
     for key, tensor in reference.state_dict().items():
         assert torch.equal(read.state_dict()[key], tensor), key
-
-
-def _dense(q, k, v, frames):
-    n = q.shape[1]
-    frame = np.repeat(np.arange(frames), n // frames)
-    scores = np.einsum("bqc,bkc->bqk", q, k) / np.sqrt(q.shape[-1])
-    scores = np.where(frame[None, None, :] <= frame[None, :, None], scores, -np.inf)
-    weights = np.exp(scores - scores.max(-1, keepdims=True))
-    return np.einsum("bqk,bkc->bqc", weights / weights.sum(-1, keepdims=True), v)
-
-
-@pytest.mark.parametrize(("frames", "tokens", "block"), [(3, 20, 16), (4, 9, 8), (1, 5, 64)])
-def test_blocked_attention_equals_the_dense_masked_one(frames, tokens, block):
-    rng = np.random.default_rng(frames)
-    q, k, v = (rng.standard_normal((2, frames * tokens, 8)).astype(np.float32) for _ in range(3))
-    got = np.asarray(frame_causal_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), frames, block))
-    assert np.abs(got - _dense(q, k, v, frames)).max() < 1e-5
-
-
-def test_attention_never_holds_the_whole_score_matrix():
-    """XLA's memory analysis of the compiled attention over 5 and 10 frames of 32x32 tokens, 512 channels: the
-    temporaries (the blocked copies of q, k, v and the output, and one block's scores) stay under half of one
-    float32 score matrix (105 MB at 5 frames) and grow linearly with the tokens, where a dense one grows 4x."""
-
-    def temporaries(frames):
-        spec = jax.ShapeDtypeStruct((1, frames * 32 * 32, 512), jnp.float32)
-        attention = jax.jit(lambda q, k, v: frame_causal_attention(q, k, v, frames))
-        return attention.lower(spec, spec, spec).compile().memory_analysis().temp_size_in_bytes
-
-    n = 5 * 32 * 32
-    five, ten = temporaries(5), temporaries(10)
-    assert five < n * n * 4 / 2
-    assert ten < 2.5 * five
 
 
 def test_release_pickle_told_from_diffusers_keys_by_its_container(converted, tmp_path):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -250,3 +252,26 @@ def test_compile_model_leaves_the_model_as_it_is(outputs):
         vae.params[name].shape == (*m.kernel_size, m.in_channels // m.groups, m.out_channels)
         for name, m in kernels.items()
     )
+
+
+TOO_BIG = """
+import resource, sys
+import numpy as np
+resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+import converter
+vae = converter.load(sys.argv[1])
+try:
+    vae.decode(np.zeros((1, 1, 256, 256, 4), np.float32))
+except MemoryError as e:
+    print("MemoryError:", e)
+"""
+
+
+def test_a_decode_that_cannot_fit_says_to_tile(outputs):
+    """Out of memory (here a 4 GB address-space limit, for a 2048x2048 frame) is a MemoryError that says to tile,
+    raised by decode itself, not later where the result is first read."""
+    result = subprocess.run([sys.executable, "-c", TOO_BIG, str(outputs / "flax")], capture_output=True, text=True)
+    assert "MemoryError: the decoder step of a (1, 1, 256, 256, 4) chunk does not fit in memory" in result.stdout, (
+        result.stderr[-2000:]
+    )
+    assert "vae.enable_tiling()" in result.stdout

@@ -171,7 +171,9 @@ def _on_a_small_disk(tmp_path, size: str, command: str) -> subprocess.CompletedP
         pytest.skip(f"no private mount namespace on this machine (unshare -rm: {probe.stderr.strip()})")
     disk = tmp_path / "disk"
     disk.mkdir()
-    script = f'mount -t tmpfs -o size={size} tmpfs "$DISK" && {command}; code=$?; echo left: $(ls -A "$DISK"); exit $code'
+    script = (
+        f'mount -t tmpfs -o size={size} tmpfs "$DISK" && {command}; code=$?; echo left: $(ls -A "$DISK"); exit $code'
+    )
     env = {**os.environ, "DISK": str(disk), "PATH": f"{os.path.dirname(sys.executable)}:{os.environ['PATH']}"}
     return subprocess.run(["unshare", "-rm", "sh", "-c", script], capture_output=True, text=True, env=env, cwd=REPO)
 

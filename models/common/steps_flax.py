@@ -46,7 +46,7 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], m
     def run(x):
         outs, cache, given = [], None, inputs(x) if callable(inputs) else inputs or {}
         for start, end in bounds:
-            out, cache = step(part, mesh, placed, x[:, start:end], cache, given)
+            out, cache = _fitting(model, part, step, mesh, placed, x[:, start:end], cache, given)
             outs.append(out)
         return jnp.concatenate(outs, axis=1)
 
@@ -58,6 +58,23 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], m
         concat=jnp.concatenate,
         as_array=lambda values, like: jnp.asarray(values, like.dtype),
     )
+
+
+def _fitting(model, part: str, step, *args):
+    """`step(part, *args)`, where running out of memory says what to do about it: tiles, or smaller ones. Waited for,
+    so that the failure is raised here, not where the caller first reads the result (the chunks run one after
+    another anyway: each needs the cache of the one before)."""
+    try:
+        return jax.block_until_ready(step(part, *args))
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e) and "Out of memory" not in str(e):
+            raise
+        chunk = tuple(args[2].shape)
+        advice = "smaller tiles (enable_tiling's tile_sample_min_*)" if model.tiling else "vae.enable_tiling()"
+        raise MemoryError(
+            f"the {part} step of a {chunk} chunk does not fit in memory ({str(e).splitlines()[0][:200]}); "
+            f"decode or encode it in tiles: {advice}"
+        ) from None
 
 
 def run_clip(model, part: str, x, out_frames: int, framewise: bool, mesh=None, inputs=None, drop_last=False):

@@ -12,20 +12,17 @@ Kernels start at zero, not random: the model exists to be filled from a checkpoi
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..common.attention import blocked_attention
 from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
 from ..common.layers_flax import GroupNorm
 from ..common.steps_flax import run_clip
 from ..common.tiling import TilingMixin
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
-
-ATTENTION_BLOCK = 1024  # tokens per query and key block of the mid-block attention
 
 
 class HunyuanVideoCausalConv3d(nnx.Module):
@@ -95,46 +92,6 @@ class HunyuanVideoResnetBlockCausal3D(nnx.Module):
         return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
 
 
-def frame_causal_attention(q, k, v, num_frames: int, block: int = ATTENTION_BLOCK):
-    """Single-head attention of (B, N, C) tokens, N = num_frames * tokens a frame, where a token sees the tokens of
-    its own and earlier frames (diffusers' prepare_causal_attention_mask, built from frame indices). Queries and keys
-    go in blocks with a running max and sum (flash attention's recurrence), in float32: memory O(block^2), not
-    O(N^2). The first key block holds first-frame tokens, which every query sees, so no row is ever all masked."""
-    b, n, c = q.shape
-    frame = jnp.repeat(jnp.arange(num_frames, dtype=jnp.int32), n // num_frames)
-    blocks = -(-n // block)
-    pad = blocks * block - n
-    # padded keys belong to no frame a query sees; padded queries (dropped at the end) see every frame
-    frame_q = jnp.pad(frame, (0, pad), constant_values=num_frames - 1).reshape(blocks, block)
-    frame_k = jnp.pad(frame, (0, pad), constant_values=num_frames).reshape(blocks, block)
-
-    def blocked(x):  # (B, N, C) -> (blocks, B, block, C) in float32
-        return jnp.pad(x.astype(jnp.float32), ((0, 0), (0, pad), (0, 0))).reshape(b, blocks, block, c).swapaxes(0, 1)
-
-    scale = 1.0 / math.sqrt(c)
-
-    def query_block(args):
-        qi, fq = args
-
-        def key_block(carry, kv):
-            m, total, acc = carry
-            kj, vj, fk = kv
-            s = jnp.einsum("bqc,bkc->bqk", qi, kj) * scale
-            s = jnp.where(fk[None, None, :] <= fq[None, :, None], s, -jnp.inf)
-            m_new = jnp.maximum(m, s.max(axis=-1))
-            p = jnp.exp(s - m_new[..., None])
-            correction = jnp.exp(m - m_new)
-            acc = acc * correction[..., None] + jnp.einsum("bqk,bkc->bqc", p, vj)
-            return (m_new, total * correction + p.sum(axis=-1), acc), None
-
-        start = (jnp.full((b, block), -jnp.inf), jnp.zeros((b, block)), jnp.zeros((b, block, c)))
-        (_, total, acc), _ = jax.lax.scan(key_block, start, (blocked(k), blocked(v), frame_k))
-        return acc / total[..., None]
-
-    out = jax.lax.map(query_block, (blocked(q), frame_q))  # (blocks, B, block, C)
-    return out.swapaxes(0, 1).reshape(b, blocks * block, c)[:, :n].astype(q.dtype)
-
-
 class Attention(nnx.Module):
     """diffusers' Attention as the mid blocks configure it: GroupNorm first, one head as wide as the channels, q/k/v
     and an output projection with biases, the input added back."""
@@ -150,7 +107,7 @@ class Attention(nnx.Module):
     def __call__(self, x):
         b, t, h, w, c = x.shape
         tokens = self.group_norm(x).reshape(b, t * h * w, c)
-        out = frame_causal_attention(self.to_q(tokens), self.to_k(tokens), self.to_v(tokens), t)
+        out = blocked_attention(self.to_q(tokens), self.to_k(tokens), self.to_v(tokens), frames=t)
         return self.to_out[0](out).reshape(b, t, h, w, c) + x
 
 

@@ -11,10 +11,10 @@ Read it beside diffusers' `autoencoder_kl_wan.py`: modules and parameters carry 
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..common.attention import blocked_attention
 from ..common.cache import run_cached
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
@@ -184,7 +184,8 @@ class WanResidualBlock(nnx.Module):
 
 
 class WanAttentionBlock(nnx.Module):
-    """Single-head self-attention over the pixels of each frame; diffusers' 1x1 convs are Linear layers here."""
+    """Single-head self-attention over the pixels of each frame, computed in blocks (models/common/attention.py: a
+    1280x1280 frame's score matrix alone would be 2 GB); diffusers' 1x1 convs are Linear layers here."""
 
     def __init__(self, dim, *, rngs, param_dtype):
         self.norm = WanRMS_norm(dim, param_dtype=param_dtype)
@@ -194,13 +195,9 @@ class WanAttentionBlock(nnx.Module):
 
     def __call__(self, x, cache=None):
         b, t, h, w, c = x.shape
-        # the pixels stay (H, W), not flattened to H*W tokens: with the width split over devices, each device's
-        # queries then hold their share of the (H, W, H, W) scores
-        tokens = self.norm(x.reshape(b * t, h, w, c))
-        q, k, v = jnp.split(self.to_qkv(tokens), 3, axis=-1)  # each (B*T, H, W, C)
-        scores = jnp.einsum("bhwc,bxyc->bhwxy", q, k) / jnp.sqrt(c).astype(q.dtype)
-        weights = jax.nn.softmax(scores, axis=(-2, -1))
-        out = self.proj(jnp.einsum("bhwxy,bxyc->bhwc", weights, v))
+        tokens = self.norm(x.reshape(b * t, h * w, c))
+        q, k, v = jnp.split(self.to_qkv(tokens), 3, axis=-1)  # each (B*T, H*W, C)
+        out = self.proj(blocked_attention(q, k, v))
         return x + out.reshape(b, t, h, w, c), None
 
 

@@ -1,0 +1,49 @@
+"""The blocked attention every Flax mid block uses (models/common/attention.py): Wan's over the pixels of a frame,
+HunyuanVideo's over a clip with frame-causal visibility. It equals the dense formula and never holds a score matrix."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from converter.models.common.attention import blocked_attention
+
+
+def _dense(q, k, v, frames):
+    n = q.shape[1]
+    frame = np.repeat(np.arange(frames), n // frames)
+    scores = np.einsum("bqc,bkc->bqk", q, k) / np.sqrt(q.shape[-1])
+    scores = np.where(frame[None, None, :] <= frame[None, :, None], scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    return np.einsum("bqk,bkc->bqc", weights / weights.sum(-1, keepdims=True), v)
+
+
+# (frames, tokens a frame, block): one frame (Wan's) of fewer tokens than a block, of a few blocks with a partial
+# last one, of an exact multiple; clips (HunyuanVideo's) whose frames straddle blocks
+@pytest.mark.parametrize(("frames", "tokens", "block"), [(1, 5, 64), (1, 77, 16), (1, 96, 32), (3, 20, 16), (4, 9, 8)])
+def test_blocked_attention_equals_the_dense_one(frames, tokens, block):
+    rng = np.random.default_rng(frames * tokens)
+    q, k, v = (rng.standard_normal((2, frames * tokens, 8)).astype(np.float32) for _ in range(3))
+    got = np.asarray(blocked_attention(jnp.asarray(q), jnp.asarray(k), jnp.asarray(v), frames, block))
+    assert np.abs(got - _dense(q, k, v, frames)).max() < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("once", "twice"), [((1, 96, 96), (1, 192, 96)), ((5, 32, 32), (10, 32, 32))], ids=["a-frame", "a-clip"]
+)
+def test_attention_never_holds_the_whole_score_matrix(once, twice):
+    """XLA's memory analysis of the compiled attention, 384 channels (Wan's mid block), over N and 2N tokens given
+    as (frames, height, width): the temporaries (the blocked copies of q, k, v and the output, and one block's
+    scores) stay under half of one float32 score matrix and grow linearly with the tokens, where a dense one grows
+    4x."""
+
+    def temporaries(frames, height, width):
+        spec = jax.ShapeDtypeStruct((1, frames * height * width, 384), jnp.float32)
+        attention = jax.jit(lambda q, k, v: blocked_attention(q, k, v, frames))
+        return attention.lower(spec, spec, spec).compile().memory_analysis().temp_size_in_bytes
+
+    n = np.prod(once)
+    assert temporaries(*once) < n * n * 4 / 2
+    assert temporaries(*twice) < 2.5 * temporaries(*once)
