@@ -6,8 +6,6 @@ attention in blocks: equal to the dense masked attention, and never holding the 
 from __future__ import annotations
 
 import diffusers
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
