@@ -23,6 +23,7 @@ def test_benchmark_smoke_mode(tmp_path):
     wan = results["models"]["wan2.1"]
     assert set(wan["convert"]) == {"flax", "torchax", "naive"}
     assert all(m["seconds"] > 0 and m["peak_above_baseline_mb"] >= 0 for m in wan["convert"].values())
+    assert wan["whole process"]["vae-convert"] > 0 and wan["whole process"]["naive"] > 0
     loads = ("flax", "flax safetensors", "flax kept structure", "flax safetensors kept structure", "torchax")
     assert all(wan["load"][how]["seconds"] > 0 for how in (*loads, "diffusers"))
     assert all(seconds > 0 for seconds in wan["load"]["flax parts"].values())
@@ -38,6 +39,7 @@ def test_benchmark_smoke_mode(tmp_path):
         assert one[part]["cache_bytes"] == split[part]["cache_bytes"]  # the same cache, split over devices
     table = (tmp_path / "smoke.md").read_text()
     assert "| wan2.1 | flax |" in table and "vae-convert torchax" in table and "| wan2.1 | mesh (1, 8) |" in table
+    assert "whole process: vae-convert flax" in table
     # a full run's rows: diffusers is the eager reference (no torch row), flax+cache times first calls only
     from bench.run import markdown
 

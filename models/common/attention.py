@@ -17,6 +17,7 @@ def blocked_attention(q, k, v, frames: int = 1, block: int = ATTENTION_BLOCK):
     a token sees those of its own and earlier frames (diffusers' prepare_causal_attention_mask, built from frame
     indices). The first key block holds first-frame tokens, which every query sees, so no row is ever all masked."""
     b, n, c = q.shape
+    block = min(block, n)  # fewer tokens than a block: one block of them, unpadded
     frame = jnp.repeat(jnp.arange(frames, dtype=jnp.int32), n // frames)
     blocks = -(-n // block)
     pad = blocks * block - n
