@@ -4,6 +4,7 @@ readers that map each leaf's bytes (our layout) or read Orbax's default layout i
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import math
@@ -212,6 +213,7 @@ def _orbax_writing():
         logger.removeFilter(keep)
 
 
+@functools.cache  # once a process: each call would stack another filter and hook
 def _quiet_after_a_failed_write():
     """What Orbax's machinery says after a failed write, when the failure has been reported: each failed write task
     logs its exception when it is collected (which may be at exit), and TensorStore's writes still in flight print
