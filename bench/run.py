@@ -31,7 +31,8 @@ REPO = Path(__file__).resolve().parent.parent
 def cases(smoke: bool, names: list[str] | None = None) -> dict:
     """model -> (latent for decode, video for encode), channels-first: the named models, else the first model of each
     variant (Wan 2.1, Wan 2.2, CogVideoX...) with its validation latent and 64x64-pixel videos of its validation frame
-    count; smoke: the first model at small widths, 4x4 latents and 32x32 videos."""
+    count, an image model at its native size (a 1024x1024 image and its latent); smoke: the first model at small
+    widths, 4x4 latents and 32x32 videos."""
     from converter.registry import MODELS, config_from_dict, first_of_each_variant, small_config
 
     entries = [MODELS[name] for name in names] if names else first_of_each_variant()
@@ -41,8 +42,14 @@ def cases(smoke: bool, names: list[str] | None = None) -> dict:
         config = config_from_dict(family, {**entry.config, **(small_config(entry) if smoke else {})})
         latent = list(family.validation_latent_shape(config))
         video = list(family.validation_video_shape(config))
-        latent[3:] = [4, 4] if smoke else latent[3:]
-        video[3:] = [32, 32] if smoke else [64, 64]
+        frames, height, width = family.native_video
+        if smoke:
+            latent[3:], video[3:] = [4, 4], [32, 32]
+        elif frames == 1:  # an image model: the images its pipelines make (its validation image encodes to its latent)
+            ratio = video[3] // latent[3]
+            latent[3:], video[3:] = [height // ratio, width // ratio], [height, width]
+        else:
+            video[3:] = [64, 64]
         result[entry.name] = (tuple(latent), tuple(video))
     return result
 

@@ -96,7 +96,7 @@ def _fits_other_families(rules, fmt, checkpoints: dict) -> list[str]:
         for name, raw in configs_to_check(family):
             key = (family.name, json.dumps(raw, sort_keys=True))
             if key not in checkpoints:
-                checkpoints[key] = set(targets.diffusers_shapes(family, config_from_dict(family, raw)))
+                checkpoints[key] = targets.diffusers_shapes(family, config_from_dict(family, raw))
             if fmt.fits(checkpoints[key]):
                 problems.append(
                     f"signature {list(fmt.signature)} ({fmt.where}) also fits a checkpoint of {family.class_name} "
@@ -126,10 +126,9 @@ def _check_format(rules, fmt, configs, pairings: list[Path] | None) -> FormatRep
     signature keys must be keys of every registered config."""
     if not fmt.renames:
         problems = [
-            f"signature key {key!r} ({fmt.where}) is not a key of config {name}"
+            f"signature key {key!r} ({fmt.where}) is not a key of config {name}, or of another rank"
             for name, family, config in configs
-            for key in fmt.signature
-            if key not in targets.diffusers_shapes(family, config)
+            for key in fmt.unfit_signature(targets.diffusers_shapes(family, config))
         ]
         return FormatReport(fmt.name, False, None, 0, [], problems)
     if pairings is None or fmt.pairings is None:

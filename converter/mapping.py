@@ -13,9 +13,10 @@ Target keys are dotted paths; a numeric part is a list index (Flax `nnx.List`), 
 each source key matched by exactly one rule, each target leaf filled exactly once, each shape right.
 
 `source_formats` holds, per checkpoint layout a user may bring (diffusers' own, the original releases), how to
-recognise it (`signature`: keys only it has), how it is packed (`container`), `rules` renaming its keys to diffusers'
-keys (none: the keys are diffusers' already) and `drop` rules for tensors that are no model weights. The target
-rules then apply to the renamed keys, so one set of target rules serves every format.
+recognise it (`signature`: keys only it has, a key written `{key: rank}` where another class has it at another
+rank), how it is packed (`container`), `rules` renaming its keys to diffusers' keys (none: the keys are diffusers'
+already) and `drop` rules for tensors that are no model weights. The target rules then apply to the renamed keys,
+so one set of target rules serves every format.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class SourceFormat:
     model: str | None  # the registry model whose VAE the format's files hold (None: any model of the family)
     pairings: str | None  # the file (in a pairings folder) listing every key with its diffusers key
     signature: tuple[str, ...]  # keys every file of this format has, and no other format's files
+    signature_ranks: dict  # signature key -> the rank its tensor has in this format, where the signature says one
     wrapper: str | None  # the key of the dict the tensors are kept under (`state_dict`), None: at the top level
     rules: tuple[Rule, ...]  # source key -> diffusers key; empty: the keys are diffusers' already
     drops: tuple[Rule, ...]  # tensors that are no model weights
@@ -84,8 +86,14 @@ class SourceFormat:
     def renames(self) -> bool:
         return bool(self.rules)
 
-    def fits(self, keys) -> bool:
-        return all(k in keys for k in self.signature)
+    def fits(self, shapes: dict) -> bool:
+        """Whether a checkpoint ({key: shape}) has every signature key, each of the rank the signature gives."""
+        return not self.unfit_signature(shapes)
+
+    def unfit_signature(self, shapes: dict) -> list[str]:
+        """The signature keys the checkpoint lacks or holds at another rank."""
+        ranks = self.signature_ranks
+        return [k for k in self.signature if k not in shapes or len(shapes[k]) != ranks.get(k, len(shapes[k]))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +162,7 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
             f"{where}: unknown field(s) of source format {name!r}: {', '.join(sorted(unknown))} "
             f"(allowed: {', '.join(sorted(FORMAT_FIELDS))})"
         )
-    signature = raw.get("signature")
-    if not isinstance(signature, list) or not signature or not all(isinstance(k, str) for k in signature):
-        raise MappingError(f"{where}: source format {name!r} needs a 'signature': a list of keys only it has")
+    signature, signature_ranks = _signature(where, name, raw.get("signature"))
     container = raw.get("container", {"__line__": raw["__line__"]})
     if not isinstance(container, dict) or set(container) - CONTAINER_FIELDS - {"__line__"}:
         raise MappingError(f"{where}: 'container' takes only 'wrapper' (the key the tensors are kept under)")
@@ -183,13 +189,31 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
         about=str(raw.get("about", name)),
         model=model,
         pairings=pairings,
-        signature=tuple(signature),
+        signature=signature,
+        signature_ranks=signature_ranks,
         wrapper=container.get("wrapper"),
         rules=rules,
         drops=drops,
         where=where,
         config_from=config,
     )
+
+
+def _signature(where: str, name: str, raw) -> tuple[tuple[str, ...], dict[str, int]]:
+    """A signature's keys, and the ranks of those written `{key: rank}`."""
+    entries = [
+        {k: v for k, v in e.items() if k != "__line__"} if isinstance(e, dict) else e
+        for e in (raw if isinstance(raw, list) else [])
+    ]
+    ranked = {k: v for e in entries if isinstance(e, dict) and len(e) == 1 for k, v in e.items()}
+    well_formed = all(isinstance(e, str) or (isinstance(e, dict) and len(e) == 1) for e in entries) and all(
+        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 8 for k, v in ranked.items()
+    )
+    if not entries or not well_formed:
+        raise MappingError(
+            f"{where}: source format {name!r} needs a 'signature': a list of keys only it has (a key or {{key: rank}})"
+        )
+    return tuple(e if isinstance(e, str) else next(iter(e)) for e in entries), ranked
 
 
 def _flattened(rules) -> list:

@@ -19,7 +19,7 @@ from converter import enable_compile_cache, mapping, source_formats, sources, va
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
 from converter.models.common.config import ConfigError
 from converter.output import MANIFEST, OutputFolder, cannot_write, new_manifest, specs_bytes, write_json
-from converter.registry import ModelEntry, command_for, config_from_dict, family_for_class, model_for
+from converter.registry import ModelEntry, command_for_config, config_from_dict, family_for_class, model_for
 from converter.report import Summary, failure_message, no_progress, record_validation, silent
 from converter.targets import DTYPES, Target, diffusers_shapes, load_output
 
@@ -124,7 +124,7 @@ def refuse_other_family(entry: ModelEntry, raw: dict):
     class_name = raw.get("_class_name")
     if class_name and class_name != entry.family.class_name:
         looks = family_for_class(class_name)
-        hint = f" (a {looks.name} checkpoint: try `{command_for(looks)}`)" if looks else ""
+        hint = f" (a {looks.name} checkpoint: try `{command_for_config(looks, raw)}`)" if looks else ""
         raise InputError(f"config.json is for {class_name}, not {entry.family.class_name}{hint}")
 
 
@@ -227,6 +227,8 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     the config, every key's rule."""
     family = req.model.family
     mapping_path, rules = load_family_mapping(req)
+    if req.config_file is None and source.config is not None:
+        refuse_other_family(req.model, source.config)  # a folder's config.json names its class before the keys can
     weights = sources.SourceWeights.open(source.weight_files)
     shown = ", ".join(p.name for p in source.weight_files)
     fmt = source_formats.detect(weights, req.model, rules, req.source_format, source.weight_files)

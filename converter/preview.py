@@ -25,6 +25,7 @@ LABEL_WIDTH = 150
 TITLE_HEIGHT = 22
 SCALE_HEIGHT = 30  # the colour bar under each heat map row
 MAX_FRAMES = 5
+CHECK = 8  # the side of the checkerboard squares behind a transparent pixel, in frame pixels
 BACKGROUND = (255, 255, 255)
 # black -> purple -> orange -> light yellow: |Δ| from 0 to the section's max
 HEAT_ANCHORS = np.array([[0, 0, 4], [120, 28, 109], [237, 105, 37], [252, 255, 164]], dtype=np.float64)
@@ -39,9 +40,16 @@ def heat_colours(levels: np.ndarray) -> np.ndarray:
 
 
 def to_rgb(frame: np.ndarray) -> np.ndarray:
-    """(C, H, W) in [-1, 1] -> (H, W, 3) uint8; the first three channels (one channel is shown grey)."""
+    """(C, H, W) in [-1, 1] -> (H, W, 3) uint8: RGB; RGBA over a grey checkerboard, as image viewers show
+    transparency; one channel grey; otherwise the first three channels."""
     channels = frame[:3] if frame.shape[0] >= 3 else np.repeat(frame[:1], 3, axis=0)
-    return np.clip(np.rint((channels.transpose(1, 2, 0) + 1.0) * 127.5), 0, 255).astype(np.uint8)
+    rgb = (channels.transpose(1, 2, 0) + 1.0) / 2.0
+    if frame.shape[0] == 4:
+        alpha = np.clip((frame[3] + 1.0) / 2.0, 0.0, 1.0)[..., None]
+        rows, columns = np.indices(frame.shape[1:])
+        checks = np.where((rows // CHECK + columns // CHECK) % 2, 0.6, 0.8)[..., None]
+        rgb = rgb * alpha + checks * (1.0 - alpha)
+    return np.clip(np.rint(rgb * 255.0), 0, 255).astype(np.uint8)
 
 
 def frame_indices(frames: int, hottest: int | None = None) -> list[int]:

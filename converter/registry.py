@@ -17,6 +17,7 @@ from converter.models.common.spec import FamilySpec
 from converter.models.hunyuanvideo.spec import HUNYUANVIDEO
 from converter.models.ltx.spec import LTX, LTX2
 from converter.models.qwenimage.spec import QWENIMAGE
+from converter.models.qwenimage21.spec import QWENIMAGE21
 from converter.models.wan.spec import WAN
 
 FAMILIES: dict[str, FamilySpec] = {}
@@ -47,7 +48,7 @@ def register(family: FamilySpec) -> None:
             MODELS[name] = ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
 
 
-for _family in (WAN, COGVIDEOX, QWENIMAGE, HUNYUANVIDEO, LTX, LTX2):
+for _family in (WAN, COGVIDEOX, QWENIMAGE, QWENIMAGE21, HUNYUANVIDEO, LTX, LTX2):
     register(_family)
 
 
@@ -122,3 +123,12 @@ def family_for_class(class_name: str) -> FamilySpec | None:
 def command_for(family: FamilySpec) -> str:
     """The command that converts a checkpoint of `family` (for hints): its first model name."""
     return f"vae-convert {family.models[0].name}"
+
+
+def command_for_config(family: FamilySpec, raw: dict) -> str:
+    """The command that converts a checkpoint of `family` with config.json content `raw`: the first model name of
+    its variant (Wan 2.2's, not Wan 2.1's), or of the family where the config does not build."""
+    try:
+        return f"vae-convert {model_for(family, family.config_class.from_dict(raw)).name}"
+    except (ConfigError, TypeError, ValueError, StopIteration):
+        return command_for(family)

@@ -8,13 +8,14 @@ is told apart from a damaged one, and named."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import numpy as np
 
 from converter import mapping
 from converter.errors import InputError, MappingError, UsageError
-from converter.registry import FAMILIES, MODELS, command_for, config_from_dict
+from converter.registry import FAMILIES, MODELS, config_from_dict
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,9 +65,10 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
             )
         return _checked_container(own.formats[forced], weights, shown)
     known = known_formats(family, own)
-    fitting = [k for k in known if k.fmt.fits(weights.specs)]
+    shapes = {k: shape for k, (shape, _) in weights.specs.items()}
+    fitting = [k for k in known if k.fmt.fits(shapes)]
     if not fitting:
-        raise InputError(f"{shown}: {_no_fit(known, list(weights.specs))}")
+        raise InputError(f"{shown}: {_no_fit(known, shapes)}")
     packed_alike = [k for k in fitting if k.fmt.wrapper == weights.wrapper]
     if len(fitting) > 1 and len(packed_alike) == 1:  # a release of diffusers' own keys, told apart by its container
         fitting = packed_alike
@@ -75,7 +77,7 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
         raise InputError(f"{shown}: the keys fit several formats ({names}); name one with --source-format")
     found = fitting[0]
     if found.family is not family:
-        hint = f"vae-convert {found.fmt.model}" if found.fmt.model else command_for(found.family)
+        hint = f"vae-convert {found.fmt.model or closest_model(found.family, shapes)}"
         raise InputError(
             f"{shown} is a checkpoint of {found.family.class_name} ({found.fmt.name}: {found.fmt.about}), not of "
             f"{family.class_name}: try `{hint}`"
@@ -83,16 +85,32 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
     return _checked_container(found.fmt, weights, shown)
 
 
-def _no_fit(known: list[KnownFormat], keys: list[str]) -> str:
+def closest_model(family, shapes: dict) -> str:
+    """The family's model name whose diffusers keys a file in diffusers' layout shares most (the first of a tie):
+    the command to suggest where the file carries no config to say which VAE it holds (Wan 2.2's, not 2.1's)."""
+    from converter.targets import diffusers_shapes
+
+    distinct = {}
+    for m in family.models:
+        distinct.setdefault(json.dumps(m.config, sort_keys=True), m.name)
+    shared = {
+        name: len(shapes.keys() & diffusers_shapes(family, config_from_dict(family, MODELS[name].config)).keys())
+        for name in distinct.values()
+    }
+    return max(shared, key=shared.get)
+
+
+def _no_fit(known: list[KnownFormat], shapes: dict) -> str:
+    keys = list(shapes)
     shares = {id(k): sum(map(k.knows, keys)) for k in known}
     closest = max(known, key=lambda k: shares[id(k)])
     strangers = [k for k in keys if not closest.knows(k)]
-    absent = [k for k in closest.fmt.signature if k not in keys]
+    absent = closest.fmt.unfit_signature(shapes)
     told = []
     if strangers:
         told.append(f"keys it does not know: {_first(strangers)}")
     if absent:
-        told.append(f"its signature key(s) missing: {_first(absent)}")
+        told.append(f"its signature key(s) missing or of another rank: {_first(absent)}")
     return (
         f"not a checkpoint format this tool knows; closest: {closest.fmt.name} of {closest.family.name} "
         f"({shares[id(closest)]} of {len(keys)} keys), {'; '.join(told)}"

@@ -5,6 +5,8 @@ wrong; one-frame checks would not see it."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,6 @@ import converter
 from tests.helpers import converted_by_cli, decode_inputs, family_cases, family_params, run_cli, runner, small
 
 ATOL = 1e-4
-LATENT_SIZE = 4
 # Every family's small configs, each under the first model name of its variant: the cases come from the registry.
 CASES = family_cases(lambda testing: testing.small_configs)
 
@@ -30,8 +31,10 @@ def test_decode_matches_diffusers(converted):
     family, reference, runners = converted
     channels = family.validation_latent_shape(family.config_class.from_dict(dict(reference.config)))[1]
     inputs, reference_inputs = decode_inputs(family, dict(reference.config))
-    for frames in family.testing().parity_frames[0]:
-        z = torch.randn(1, channels, frames, LATENT_SIZE, LATENT_SIZE, generator=torch.Generator().manual_seed(frames))
+    testing = family.testing()
+    for frames, (height, width) in itertools.product(testing.parity_frames[0], testing.parity_latent_sizes):
+        seed = torch.Generator().manual_seed(frames)
+        z = torch.randn(1, channels, frames, height, width, generator=seed)
         with torch.no_grad():
             expected = reference.decode(z, **reference_inputs).sample.numpy()
         if family.clamps_output:
@@ -39,16 +42,16 @@ def test_decode_matches_diffusers(converted):
             assert (np.abs(expected) < 0.99).mean() > 0.9
         for target, drive in runners.items():
             got = drive.decode(z.numpy(), **inputs)
-            assert got.shape == expected.shape, (target, frames)
-            assert np.abs(got - expected).max() <= ATOL, (target, frames, np.abs(got - expected).max())
+            assert got.shape == expected.shape, (target, z.shape)
+            assert np.abs(got - expected).max() <= ATOL, (target, z.shape, np.abs(got - expected).max())
 
 
 def test_encode_matches_diffusers(converted):
     family, reference, runners = converted
     channels = family.validation_video_shape(family.config_class.from_dict(dict(reference.config)))[1]
-    size = family.testing().parity_video_size
-    for frames in family.testing().parity_frames[1]:
-        shape = (1, channels, frames, size, size)
+    testing = family.testing()
+    for frames, (height, width) in itertools.product(testing.parity_frames[1], testing.parity_video_sizes):
+        shape = (1, channels, frames, height, width)
         x = torch.rand(shape, generator=torch.Generator().manual_seed(frames)) * 2 - 1
         with torch.no_grad():
             dist = reference.encode(x).latent_dist

@@ -86,3 +86,16 @@ def test_heat_map_shows_the_frame_of_its_max(tmp_path):
         pixels = np.asarray(Image.open(path).convert("RGB"))
         heat = np.concatenate([pixels[y : y + preview.TILE, x : x + preview.TILE].reshape(-1, 3) for x, y in tiles])
         assert (heat == preview.heat_colours(np.array(1.0))).all(axis=1).any(), hottest
+
+
+def test_rgba_frames_are_shown_over_a_checkerboard():
+    """Qwen-Image 2.1 and Qwen-Image-Layered decode RGBA: an opaque pixel shows its colour, a transparent one the
+    checkerboard behind it, so a wrong alpha channel shows."""
+    frame = np.full((4, 16, 16), -1.0)
+    frame[0] = 1.0  # red where opaque
+    frame[3, :, :8] = 1.0  # the left half opaque, the right half transparent
+    rgb = preview.to_rgb(frame)
+    assert (rgb[:, :8] == (255, 0, 0)).all()
+    checkerboard = {tuple(rgb[0, 8]), tuple(rgb[8, 8])}
+    assert checkerboard == {(204, 204, 204), (153, 153, 153)}
+    assert (preview.to_rgb(frame[:3]) == rgb[0, 0]).all()  # RGB alone: the colour everywhere

@@ -83,8 +83,9 @@ def test_tiled_decode_matches_diffusers_and_compiles_each_tile_shape_once(conver
 
 
 def test_tiled_encode_matches_diffusers(converted):
-    _, case, reference, models = converted
-    x = torch.rand(1, 3, *case.video, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    family, case, reference, models = converted
+    channels = family.validation_video_shape(family.config_class.from_dict(dict(reference.config)))[1]
+    x = torch.rand(1, channels, *case.video, generator=torch.Generator().manual_seed(1)) * 2 - 1
 
     def encode(vae):
         dist = vae.encode(x).latent_dist

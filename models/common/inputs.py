@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 
-def expect_video(x, channels: int, *, channels_last: bool, what: str, multiple: int = 1):
-    """x must be (B, T, H, W, C) (channels_last) or (B, C, T, H, W), with `channels` channels, at least one frame,
-    and height and width that are positive multiples of `multiple`."""
+def expect_video(x, channels: int, *, channels_last: bool, what: str, multiple: int = 1, frames: int | None = None):
+    """x must be (B, T, H, W, C) (channels_last) or (B, C, T, H, W), with `channels` channels, at least one frame
+    (exactly `frames` where given: an image model's one), and height and width that are positive multiples of
+    `multiple`."""
     layout = "(B, T, H, W, C), channels-last" if channels_last else "(B, C, T, H, W), channels-first"
     if x.ndim != 5:
         raise ValueError(f"{what}: expected a 5-d array {layout}; got shape {tuple(x.shape)}")
@@ -14,5 +15,7 @@ def expect_video(x, channels: int, *, channels_last: bool, what: str, multiple: 
         raise ValueError(f"{what}: expected {channels} channels in {layout}; got shape {tuple(x.shape)}")
     if b < 1 or t < 1:
         raise ValueError(f"{what}: needs at least one video and one frame; got shape {tuple(x.shape)}")
+    if frames is not None and t != frames:
+        raise ValueError(f"{what}: takes {frames} frame(s) (T = {frames}: one image), got shape {tuple(x.shape)}")
     if h < 1 or w < 1 or h % multiple or w % multiple:
         raise ValueError(f"{what}: height and width must be positive multiples of {multiple}; got {h}x{w}")

@@ -57,7 +57,9 @@ class FamilyTesting:
     original_files: dict[str, OriginalFileCase] = dataclasses.field(default_factory=dict)  # by source format
     # configs `check-mappings` proves the rules against, beside the named models' own
     check_configs: tuple[tuple[str, dict], ...] = ()
-    parity_video_size: int = 16  # height and width of the videos the parity tests encode
+    # (height, width) of the latents the parity tests decode, and of the videos they encode, at each frame count
+    parity_latent_sizes: tuple[tuple[int, int], ...] = ((4, 4),)
+    parity_video_sizes: tuple[tuple[int, int], ...] = ((16, 16),)
     # distinct steps a decode of the longest parity latent compiles (the first chunk and the steady one; LTX, with no
     # cache and no frame tiles by default, decodes in one)
     decode_steps: int = 2

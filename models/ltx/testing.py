@@ -53,7 +53,7 @@ TESTING = FamilyTesting(
     # latent frames and encodes 9 and 25 elsewhere); test_sharding.py encodes the shortest clip of these on its
     # meshes (LTX-2's space-to-depth went wrong there from 17 frames: models/common/sharding.py)
     parity_frames=((1, 3), (1, 17)),
-    parity_video_size=64,
+    parity_video_sizes=((64, 64),),
     decode_steps=1,
     tiling={
         # 64-pixel tiles every 32 (2 latents every 1)
@@ -123,7 +123,7 @@ LTX2_VARIANT = dict(
 TESTING_LTX2 = FamilyTesting(
     small_configs={"default-arch": LTX2_SMALL, "ltx-2.3": LTX23_SMALL, "variant": LTX2_VARIANT},
     parity_frames=((1, 3), (1, 17)),
-    parity_video_size=64,
+    parity_video_sizes=((64, 64),),
     decode_steps=1,
     tiling={},
     meshes={"default-arch": ((1, 8, "auto"), (2, 4, "explicit"))},  # reflect padding under a width split

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 from ..common.config import LAYERS, MULTIPLIER, STRIDE, WIDTH, ConfigError, DiffusersConfig
 from ..common.tiling import TilePlan
@@ -162,7 +163,10 @@ WAN22_CONFIG = dict(
 
 class WanLayout:
     """Wan's architecture read from a config: what the models, the tiling and the registry ask of it. The configs of
-    the classes diffusers builds on it (`AutoencoderKLWan`, `AutoencoderKLQwenImage`) provide the fields used here."""
+    the classes diffusers builds on it (`AutoencoderKLWan`, `AutoencoderKLQwenImage`, `AutoencoderKLQwenImage21`)
+    provide the fields used here."""
+
+    frames: typing.ClassVar[int | None] = None  # the frames every input has (1: an image model's); None: any
 
     def ensure_supported(self):
         if len(self.temperal_downsample) != len(self.dim_mult) - 1:

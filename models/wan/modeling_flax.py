@@ -25,19 +25,21 @@ from .config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
 CACHE_T = 2
 
 
-def _triple(value) -> tuple[int, int, int]:
+def triple(value) -> tuple[int, int, int]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,) * 3
 
 
 class WanCausalConv3d(nnx.Conv):
-    """Conv3d padded causally in time (2*p frames of history in front) and symmetrically in space."""
+    """Conv3d padded causally in time (2*p frames of history in front) and symmetrically in space. With history it
+    takes and returns the cache; without (p = 0: the 1x1x1 and strided temporal convs) it is a plain convolution."""
 
-    def __init__(self, in_channels, out_channels, kernel_size, *, padding, rngs, param_dtype):
-        pt, ph, pw = _triple(padding)
+    def __init__(self, in_channels, out_channels, kernel_size, *, padding=0, strides=1, rngs, param_dtype):
+        pt, ph, pw = triple(padding)
         super().__init__(
             in_channels,
             out_channels,
-            _triple(kernel_size),
+            triple(kernel_size),
+            strides=triple(strides),
             padding=((0, 0), (ph, ph), (pw, pw)),
             kernel_init=nnx.initializers.zeros,
             rngs=rngs,
@@ -48,6 +50,8 @@ class WanCausalConv3d(nnx.Conv):
 
     def __call__(self, x, cache=None):
         # x: (B, T, H, W, C); cache: (B, CACHE_T, H, W, C) of earlier frames, or None for none (zeros).
+        if self.history == 0:
+            return super().__call__(x)
         if cache is None:
             zeros = jnp.zeros((x.shape[0], CACHE_T, *x.shape[2:]), x.dtype)
             return self._after_zeros(x), jnp.concatenate([zeros, x], axis=1)[:, -CACHE_T:]
@@ -133,7 +137,7 @@ class DupUp3D(nnx.Module):
 
 
 class WanResample(nnx.Module):
-    def __init__(self, dim, mode, *, rngs, param_dtype, upsample_out_dim=None):
+    def __init__(self, dim, mode, *, conv, rngs, param_dtype, upsample_out_dim=None):
         self.mode = mode
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         if mode in ("upsample2d", "upsample3d"):
@@ -141,9 +145,9 @@ class WanResample(nnx.Module):
         else:  # diffusers: ZeroPad2d((0, 1, 0, 1)) then a 3x3 stride-2 conv
             self.resample = _conv(dim, dim, (3, 3), strides=(2, 2), padding=((0, 1), (0, 1)), **kw)
         if mode == "upsample3d":
-            self.time_conv = WanCausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0), **kw)
+            self.time_conv = conv(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0), **kw)
         elif mode == "downsample3d":
-            self.time_conv = _conv(dim, dim, (3, 1, 1), strides=(2, 1, 1), padding="VALID", **kw)
+            self.time_conv = conv(dim, dim, (3, 1, 1), strides=(2, 1, 1), **kw)
 
     def __call__(self, x, cache=None):
         b, t, h, w, c = x.shape
@@ -166,13 +170,13 @@ class WanResample(nnx.Module):
 
 
 class WanResidualBlock(nnx.Module):
-    def __init__(self, in_dim, out_dim, *, rngs, param_dtype):
+    def __init__(self, in_dim, out_dim, *, conv, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         self.norm1 = WanRMS_norm(in_dim, param_dtype=param_dtype)
-        self.conv1 = WanCausalConv3d(in_dim, out_dim, 3, padding=1, **kw)
+        self.conv1 = conv(in_dim, out_dim, 3, padding=1, **kw)
         self.norm2 = WanRMS_norm(out_dim, param_dtype=param_dtype)
-        self.conv2 = WanCausalConv3d(out_dim, out_dim, 3, padding=1, **kw)
-        self.conv_shortcut = _conv(in_dim, out_dim, (1, 1, 1), **kw) if in_dim != out_dim else None
+        self.conv2 = conv(out_dim, out_dim, 3, padding=1, **kw)
+        self.conv_shortcut = conv(in_dim, out_dim, 1, **kw) if in_dim != out_dim else None
 
     def __call__(self, x, cache=None):
         cache = cache or {}
@@ -202,10 +206,10 @@ class WanAttentionBlock(nnx.Module):
 
 
 class WanMidBlock(nnx.Module):
-    def __init__(self, dim, *, rngs, param_dtype, num_layers=1):
+    def __init__(self, dim, *, conv, rngs, param_dtype, num_layers=1):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         self.attentions = nnx.List([WanAttentionBlock(dim, **kw) for _ in range(num_layers)])
-        self.resnets = nnx.List([WanResidualBlock(dim, dim, **kw) for _ in range(num_layers + 1)])
+        self.resnets = nnx.List([WanResidualBlock(dim, dim, conv=conv, **kw) for _ in range(num_layers + 1)])
 
     def __call__(self, x, cache=None):
         cache = (cache or {}).get("resnets", {})
@@ -220,8 +224,8 @@ class WanMidBlock(nnx.Module):
 class WanResidualDownBlock(nnx.Module):
     """Wan 2.2: residual blocks and an optional downsampler, plus the parameter-free AvgDown3D shortcut."""
 
-    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_downsample, down_flag, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
+    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_downsample, down_flag, *, conv, rngs, param_dtype):
+        kw = dict(conv=conv, rngs=rngs, param_dtype=param_dtype)
         self.avg_shortcut = AvgDown3D(in_dim, out_dim, 2 if temperal_downsample else 1, 2 if down_flag else 1)
         self.resnets = nnx.List(
             [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim, **kw) for i in range(num_res_blocks)]
@@ -240,33 +244,33 @@ class WanResidualDownBlock(nnx.Module):
 
 
 class WanEncoder3d(nnx.Module):
-    def __init__(self, config: WanVAEConfig, *, rngs, param_dtype):
+    def __init__(self, config: WanVAEConfig, *, conv, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         dims = [config.base_dim * u for u in (1, *config.dim_mult)]
         scale = 1.0
-        self.conv_in = WanCausalConv3d(config.in_channels, dims[0], 3, padding=1, **kw)
+        self.conv_in = conv(config.in_channels, dims[0], 3, padding=1, **kw)
         down_blocks = []
         for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
             down_flag = i != len(config.dim_mult) - 1
             if config.is_residual:
                 temporal = down_flag and config.temperal_downsample[i]
                 down_blocks.append(
-                    WanResidualDownBlock(in_dim, out_dim, config.num_res_blocks, temporal, down_flag, **kw)
+                    WanResidualDownBlock(in_dim, out_dim, config.num_res_blocks, temporal, down_flag, conv=conv, **kw)
                 )
                 continue
             for _ in range(config.num_res_blocks):
-                down_blocks.append(WanResidualBlock(in_dim, out_dim, **kw))
+                down_blocks.append(WanResidualBlock(in_dim, out_dim, conv=conv, **kw))
                 if scale in config.attn_scales:
                     down_blocks.append(WanAttentionBlock(out_dim, **kw))
                 in_dim = out_dim
             if down_flag:
                 mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
-                down_blocks.append(WanResample(out_dim, mode, **kw))
+                down_blocks.append(WanResample(out_dim, mode, conv=conv, **kw))
                 scale /= 2.0
         self.down_blocks = nnx.List(down_blocks)
-        self.mid_block = WanMidBlock(out_dim, **kw)
+        self.mid_block = WanMidBlock(out_dim, conv=conv, **kw)
         self.norm_out = WanRMS_norm(out_dim, param_dtype=param_dtype)
-        self.conv_out = WanCausalConv3d(out_dim, config.z_dim * 2, 3, padding=1, **kw)
+        self.conv_out = conv(out_dim, config.z_dim * 2, 3, padding=1, **kw)
 
     def __call__(self, x, cache=None):
         cache = cache or {}
@@ -279,8 +283,8 @@ class WanEncoder3d(nnx.Module):
 
 
 class WanUpBlock(nnx.Module):
-    def __init__(self, in_dim, out_dim, num_res_blocks, upsample_mode, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
+    def __init__(self, in_dim, out_dim, num_res_blocks, upsample_mode, *, conv, rngs, param_dtype):
+        kw = dict(conv=conv, rngs=rngs, param_dtype=param_dtype)
         self.resnets = nnx.List(
             [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim, **kw) for i in range(num_res_blocks + 1)]
         )
@@ -298,8 +302,8 @@ class WanResidualUpBlock(nnx.Module):
     """Wan 2.2: residual blocks and an optional upsampler that keeps the width, plus the parameter-free DupUp3D
     shortcut (only where it upsamples)."""
 
-    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_upsample, up_flag, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
+    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_upsample, up_flag, *, conv, rngs, param_dtype):
+        kw = dict(conv=conv, rngs=rngs, param_dtype=param_dtype)
         self.avg_shortcut = DupUp3D(in_dim, out_dim, 2 if temperal_upsample else 1, 2) if up_flag else None
         self.resnets = nnx.List(
             [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim, **kw) for i in range(num_res_blocks + 1)]
@@ -320,26 +324,28 @@ class WanResidualUpBlock(nnx.Module):
 
 
 class WanDecoder3d(nnx.Module):
-    def __init__(self, config: WanVAEConfig, *, rngs, param_dtype):
+    def __init__(self, config: WanVAEConfig, *, conv, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         dim_mult = config.dim_mult
         dims = [config.decoder_width * u for u in (dim_mult[-1], *dim_mult[::-1])]
-        self.conv_in = WanCausalConv3d(config.z_dim, dims[0], 3, padding=1, **kw)
-        self.mid_block = WanMidBlock(dims[0], **kw)
+        self.conv_in = conv(config.z_dim, dims[0], 3, padding=1, **kw)
+        self.mid_block = WanMidBlock(dims[0], conv=conv, **kw)
         up_blocks = []
         for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
             up_flag = i != len(dim_mult) - 1
             temporal = up_flag and config.temperal_upsample[i]
             if config.is_residual:
-                up_blocks.append(WanResidualUpBlock(in_dim, out_dim, config.num_res_blocks, temporal, up_flag, **kw))
+                up_blocks.append(
+                    WanResidualUpBlock(in_dim, out_dim, config.num_res_blocks, temporal, up_flag, conv=conv, **kw)
+                )
                 continue
             if i > 0:
                 in_dim = in_dim // 2  # the previous block's upsampler halved the channels
             mode = ("upsample3d" if temporal else "upsample2d") if up_flag else None
-            up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode, **kw))
+            up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode, conv=conv, **kw))
         self.up_blocks = nnx.List(up_blocks)
         self.norm_out = WanRMS_norm(out_dim, param_dtype=param_dtype)
-        self.conv_out = WanCausalConv3d(out_dim, config.out_channels, 3, padding=1, **kw)
+        self.conv_out = conv(out_dim, config.out_channels, 3, padding=1, **kw)
 
     def __call__(self, x, cache=None):
         cache = cache or {}
@@ -373,13 +379,16 @@ def unpatchify(x, patch):
 
 class AutoencoderKLWan(TilingMixin, nnx.Module):
     tiling_class = WanTiling
+    # every convolution but the resamplers' spatial ones, built from Wan's 3D arguments (a class that specialises
+    # the architecture to images puts its own here: models/qwenimage21/)
+    causal_conv = WanCausalConv3d
 
     def __init__(self, config: WanVAEConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        kw = dict(conv=self.causal_conv, rngs=rngs, param_dtype=param_dtype)
         self.config = config
         self.encoder = WanEncoder3d(config, **kw)
-        self.quant_conv = _conv(config.z_dim * 2, config.z_dim * 2, (1, 1, 1), **kw)
-        self.post_quant_conv = _conv(config.z_dim, config.z_dim, (1, 1, 1), **kw)
+        self.quant_conv = self.causal_conv(config.z_dim * 2, config.z_dim * 2, 1, rngs=rngs, param_dtype=param_dtype)
+        self.post_quant_conv = self.causal_conv(config.z_dim, config.z_dim, 1, rngs=rngs, param_dtype=param_dtype)
         self.decoder = WanDecoder3d(config, **kw)
 
     def encode(self, x, *, mesh=None):
@@ -390,7 +399,9 @@ class AutoencoderKLWan(TilingMixin, nnx.Module):
         (models/common/sharding.py).
         """
         config = self.config
-        expect_video(x, config.video_channels, channels_last=True, what="encode", multiple=config.patch)
+        expect_video(
+            x, config.video_channels, channels_last=True, what="encode", multiple=config.patch, frames=config.frames
+        )
         x = patchify(x, config.patch)
         mean, logvar = jnp.split(run_chunks(self, "encoder", x, encode_chunks(x.shape[1]), mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
@@ -398,6 +409,6 @@ class AutoencoderKLWan(TilingMixin, nnx.Module):
     def decode(self, z, *, mesh=None):
         """(B, T, H, W, z_dim) latents -> (B, 1 + 4*(T-1), sH, sW, C) video in [-1, 1] (s: scale_factor_spatial), one
         latent frame a step. With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py)."""
-        expect_video(z, self.config.z_dim, channels_last=True, what="decode")
+        expect_video(z, self.config.z_dim, channels_last=True, what="decode", frames=self.config.frames)
         out = run_chunks(self, "decoder", z, decode_chunks(z.shape[1]), mesh)
         return jnp.clip(unpatchify(out, self.config.patch), -1.0, 1.0)

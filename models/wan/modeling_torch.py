@@ -118,7 +118,7 @@ class DupUp3D(nn.Module):
 
 
 class WanResample(nn.Module):
-    def __init__(self, dim, mode, upsample_out_dim=None):
+    def __init__(self, dim, mode, upsample_out_dim=None, *, conv):
         super().__init__()
         self.mode = mode
         if mode in ("upsample2d", "upsample3d"):
@@ -127,9 +127,9 @@ class WanResample(nn.Module):
         else:
             self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=(2, 2)))
         if mode == "upsample3d":
-            self.time_conv = WanCausalConv3d(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
+            self.time_conv = conv(dim, dim * 2, (3, 1, 1), padding=(1, 0, 0))
         elif mode == "downsample3d":
-            self.time_conv = WanCausalConv3d(dim, dim, (3, 1, 1), stride=(2, 1, 1), padding=(0, 0, 0))
+            self.time_conv = conv(dim, dim, (3, 1, 1), stride=(2, 1, 1), padding=(0, 0, 0))
 
     def forward(self, x, cache=None):
         b, c, t, h, w = x.shape
@@ -151,13 +151,13 @@ class WanResample(nn.Module):
 
 
 class WanResidualBlock(nn.Module):
-    def __init__(self, in_dim, out_dim):
+    def __init__(self, in_dim, out_dim, *, conv):
         super().__init__()
         self.norm1 = WanRMS_norm(in_dim, images=False)
-        self.conv1 = WanCausalConv3d(in_dim, out_dim, 3, padding=1)
+        self.conv1 = conv(in_dim, out_dim, 3, padding=1)
         self.norm2 = WanRMS_norm(out_dim, images=False)
-        self.conv2 = WanCausalConv3d(out_dim, out_dim, 3, padding=1)
-        self.conv_shortcut = WanCausalConv3d(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
+        self.conv2 = conv(out_dim, out_dim, 3, padding=1)
+        self.conv_shortcut = conv(in_dim, out_dim, 1) if in_dim != out_dim else nn.Identity()
 
     def forward(self, x, cache=None):
         cache = cache or {}
@@ -189,10 +189,10 @@ class WanAttentionBlock(nn.Module):
 
 
 class WanMidBlock(nn.Module):
-    def __init__(self, dim, num_layers=1):
+    def __init__(self, dim, num_layers=1, *, conv):
         super().__init__()
         self.attentions = nn.ModuleList([WanAttentionBlock(dim) for _ in range(num_layers)])
-        self.resnets = nn.ModuleList([WanResidualBlock(dim, dim) for _ in range(num_layers + 1)])
+        self.resnets = nn.ModuleList([WanResidualBlock(dim, dim, conv=conv) for _ in range(num_layers + 1)])
 
     def forward(self, x, cache=None):
         cache = (cache or {}).get("resnets", {})
@@ -207,14 +207,14 @@ class WanMidBlock(nn.Module):
 class WanResidualDownBlock(nn.Module):
     """Wan 2.2: residual blocks and an optional downsampler, plus the parameter-free AvgDown3D shortcut."""
 
-    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_downsample=False, down_flag=False):
+    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_downsample=False, down_flag=False, *, conv):
         super().__init__()
         self.avg_shortcut = AvgDown3D(in_dim, out_dim, 2 if temperal_downsample else 1, 2 if down_flag else 1)
         self.resnets = nn.ModuleList(
-            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim) for i in range(num_res_blocks)]
+            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim, conv=conv) for i in range(num_res_blocks)]
         )
         mode = "downsample3d" if temperal_downsample else "downsample2d"
-        self.downsampler = WanResample(out_dim, mode) if down_flag else None
+        self.downsampler = WanResample(out_dim, mode, conv=conv) if down_flag else None
 
     def forward(self, x, cache=None):
         cache = cache or {}
@@ -227,32 +227,32 @@ class WanResidualDownBlock(nn.Module):
 
 
 class WanEncoder3d(nn.Module):
-    def __init__(self, config: WanVAEConfig):
+    def __init__(self, config: WanVAEConfig, *, conv):
         super().__init__()
         dims = [config.base_dim * u for u in (1, *config.dim_mult)]
         scale = 1.0
-        self.conv_in = WanCausalConv3d(config.in_channels, dims[0], 3, padding=1)
+        self.conv_in = conv(config.in_channels, dims[0], 3, padding=1)
         self.down_blocks = nn.ModuleList()
         for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
             down_flag = i != len(config.dim_mult) - 1
             if config.is_residual:
                 temporal = down_flag and config.temperal_downsample[i]
                 self.down_blocks.append(
-                    WanResidualDownBlock(in_dim, out_dim, config.num_res_blocks, temporal, down_flag)
+                    WanResidualDownBlock(in_dim, out_dim, config.num_res_blocks, temporal, down_flag, conv=conv)
                 )
                 continue
             for _ in range(config.num_res_blocks):
-                self.down_blocks.append(WanResidualBlock(in_dim, out_dim))
+                self.down_blocks.append(WanResidualBlock(in_dim, out_dim, conv=conv))
                 if scale in config.attn_scales:
                     self.down_blocks.append(WanAttentionBlock(out_dim))
                 in_dim = out_dim
             if down_flag:
                 mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
-                self.down_blocks.append(WanResample(out_dim, mode))
+                self.down_blocks.append(WanResample(out_dim, mode, conv=conv))
                 scale /= 2.0
-        self.mid_block = WanMidBlock(out_dim)
+        self.mid_block = WanMidBlock(out_dim, conv=conv)
         self.norm_out = WanRMS_norm(out_dim, images=False)
-        self.conv_out = WanCausalConv3d(out_dim, config.z_dim * 2, 3, padding=1)
+        self.conv_out = conv(out_dim, config.z_dim * 2, 3, padding=1)
 
     def forward(self, x, cache=None):
         cache = cache or {}
@@ -265,12 +265,12 @@ class WanEncoder3d(nn.Module):
 
 
 class WanUpBlock(nn.Module):
-    def __init__(self, in_dim, out_dim, num_res_blocks, upsample_mode):
+    def __init__(self, in_dim, out_dim, num_res_blocks, upsample_mode, *, conv):
         super().__init__()
         self.resnets = nn.ModuleList(
-            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim) for i in range(num_res_blocks + 1)]
+            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim, conv=conv) for i in range(num_res_blocks + 1)]
         )
-        self.upsamplers = nn.ModuleList([WanResample(out_dim, upsample_mode)] if upsample_mode else [])
+        self.upsamplers = nn.ModuleList([WanResample(out_dim, upsample_mode, conv=conv)] if upsample_mode else [])
 
     def forward(self, x, cache=None):
         cache = cache or {}
@@ -284,14 +284,14 @@ class WanResidualUpBlock(nn.Module):
     """Wan 2.2: residual blocks and an optional upsampler that keeps the width, plus the parameter-free DupUp3D
     shortcut (only where it upsamples)."""
 
-    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_upsample=False, up_flag=False):
+    def __init__(self, in_dim, out_dim, num_res_blocks, temperal_upsample=False, up_flag=False, *, conv):
         super().__init__()
         self.avg_shortcut = DupUp3D(in_dim, out_dim, 2 if temperal_upsample else 1, 2) if up_flag else None
         self.resnets = nn.ModuleList(
-            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim) for i in range(num_res_blocks + 1)]
+            [WanResidualBlock(in_dim if i == 0 else out_dim, out_dim, conv=conv) for i in range(num_res_blocks + 1)]
         )
         mode = "upsample3d" if temperal_upsample else "upsample2d"
-        self.upsampler = WanResample(out_dim, mode, upsample_out_dim=out_dim) if up_flag else None
+        self.upsampler = WanResample(out_dim, mode, upsample_out_dim=out_dim, conv=conv) if up_flag else None
 
     def forward(self, x, cache=None):
         first_chunk = cache is None
@@ -306,25 +306,27 @@ class WanResidualUpBlock(nn.Module):
 
 
 class WanDecoder3d(nn.Module):
-    def __init__(self, config: WanVAEConfig):
+    def __init__(self, config: WanVAEConfig, *, conv):
         super().__init__()
         dim_mult = config.dim_mult
         dims = [config.decoder_width * u for u in (dim_mult[-1], *dim_mult[::-1])]
-        self.conv_in = WanCausalConv3d(config.z_dim, dims[0], 3, padding=1)
-        self.mid_block = WanMidBlock(dims[0])
+        self.conv_in = conv(config.z_dim, dims[0], 3, padding=1)
+        self.mid_block = WanMidBlock(dims[0], conv=conv)
         self.up_blocks = nn.ModuleList()
         for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
             up_flag = i != len(dim_mult) - 1
             temporal = up_flag and config.temperal_upsample[i]
             if config.is_residual:
-                self.up_blocks.append(WanResidualUpBlock(in_dim, out_dim, config.num_res_blocks, temporal, up_flag))
+                self.up_blocks.append(
+                    WanResidualUpBlock(in_dim, out_dim, config.num_res_blocks, temporal, up_flag, conv=conv)
+                )
                 continue
             if i > 0:
                 in_dim = in_dim // 2  # the previous block's upsampler halved the channels
             mode = ("upsample3d" if temporal else "upsample2d") if up_flag else None
-            self.up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode))
+            self.up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode, conv=conv))
         self.norm_out = WanRMS_norm(out_dim, images=False)
-        self.conv_out = WanCausalConv3d(out_dim, config.out_channels, 3, padding=1)
+        self.conv_out = conv(out_dim, config.out_channels, 3, padding=1)
 
     def forward(self, x, cache=None):
         cache = cache or {}
@@ -358,21 +360,27 @@ def unpatchify(x, patch):
 
 class AutoencoderKLWan(ChunkedAutoencoder):
     tiling_class = WanTiling
+    # every convolution but the resamplers' spatial ones, built from Wan's 3D arguments (a class that specialises
+    # the architecture to images puts its own here: models/qwenimage21/)
+    causal_conv = WanCausalConv3d
 
     def __init__(self, config: WanVAEConfig):
         super().__init__()
         self.config = config
-        self.encoder = WanEncoder3d(config)
-        self.quant_conv = WanCausalConv3d(config.z_dim * 2, config.z_dim * 2, 1)
-        self.post_quant_conv = WanCausalConv3d(config.z_dim, config.z_dim, 1)
-        self.decoder = WanDecoder3d(config)
+        conv = self.causal_conv
+        self.encoder = WanEncoder3d(config, conv=conv)
+        self.quant_conv = conv(config.z_dim * 2, config.z_dim * 2, 1)
+        self.post_quant_conv = conv(config.z_dim, config.z_dim, 1)
+        self.decoder = WanDecoder3d(config, conv=conv)
 
     def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video; the first frame alone, then chunks of 4 (frames past the last are dropped).
         Wan 2.2 folds 2x2 pixel patches into channels first. `step` runs one chunk (see
         ChunkedAutoencoder.run_chunks)."""
         config = self.config
-        expect_video(x, config.video_channels, channels_last=False, what="encode", multiple=config.patch)
+        expect_video(
+            x, config.video_channels, channels_last=False, what="encode", multiple=config.patch, frames=config.frames
+        )
         x = patchify(x, config.patch)
         moments = self.run_chunks("encoder", x, encode_chunks(x.shape[2]), step)
         return EncoderOutput(DiagonalGaussianDistribution(moments))
@@ -380,6 +388,6 @@ class AutoencoderKLWan(ChunkedAutoencoder):
     def decode(self, z: torch.Tensor, *, step=None) -> DecoderOutput:
         """(B, z_dim, T, H, W) latents -> (B, C, 1 + 4*(T-1), sH, sW) video in [-1, 1] (s: scale_factor_spatial),
         one latent frame a step."""
-        expect_video(z, self.config.z_dim, channels_last=False, what="decode")
+        expect_video(z, self.config.z_dim, channels_last=False, what="decode", frames=self.config.frames)
         out = self.run_chunks("decoder", z, decode_chunks(z.shape[2]), step)
         return DecoderOutput(unpatchify(out, self.config.patch).clamp(-1.0, 1.0))
