@@ -8,14 +8,13 @@ is told apart from a damaged one, and named."""
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 
 import numpy as np
 
 from converter import mapping
 from converter.errors import InputError, MappingError, UsageError
-from converter.registry import FAMILIES, MODELS, config_from_dict
+from converter.registry import FAMILIES, MODELS, config_from_dict, distinct_configs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,12 +89,9 @@ def closest_model(family, shapes: dict) -> str:
     the command to suggest where the file carries no config to say which VAE it holds (Wan 2.2's, not 2.1's)."""
     from converter.targets import diffusers_shapes
 
-    distinct = {}
-    for m in family.models:
-        distinct.setdefault(json.dumps(m.config, sort_keys=True), m.name)
     shared = {
-        name: len(shapes.keys() & diffusers_shapes(family, config_from_dict(family, MODELS[name].config)).keys())
-        for name in distinct.values()
+        name: len(shapes.keys() & diffusers_shapes(family, config_from_dict(family, config)).keys())
+        for name, config in distinct_configs(family)
     }
     return max(shared, key=shared.get)
 
