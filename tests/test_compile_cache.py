@@ -189,7 +189,14 @@ def test_one_compile_per_chunk_shape(tmp_path, family):
     )
     vae = converter.load(tmp_path / "out")
     channels = family.validation_latent_shape(vae.config)[1]
-    latent = np.zeros((1, frames, 3, 5, channels), np.float32)  # a size no other test compiles
+    # a size no other test compiles: wider than any latent the family's testing data decodes, whole or tiled
+    testing = family.testing()
+    widest = max(
+        [width for _, width in testing.parity_latent_sizes]
+        + [case.latent[-1] for case in testing.tiling.values()]
+        + [family.validation_latent_shape(vae.config)[-1]]
+    )
+    latent = np.zeros((1, frames, 3, widest + 1, channels), np.float32)
     before = compiled_steps()
     vae.decode(latent, **decode_inputs(family, config)[0])
     steps = family.testing().decode_steps
