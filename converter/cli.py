@@ -335,7 +335,7 @@ def list_models(markdown):
             parameters = sum(p.numel() for p in meta_torch(family, config).parameters())
             name, aliases = (f"`{m.name}`", [f"`{a}`" for a in m.aliases]) if markdown else (m.name, m.aliases)
             name += f" ({', '.join(aliases)})" if aliases else ""
-            repo = f"{m.repo_id}{'' if m.verified else ' *'} ({m.subfolder}/)"
+            repo = f"{m.repo_id}{'' if m.verified else ' *'} ({m.subfolder}/)" if m.subfolder else m.repo_id
             rows.append((name, repo, config.variant, f"{parameters / 1e6:.1f}M", config.latent_scaling))
     if markdown:
         for i, row in enumerate(rows):

@@ -93,7 +93,10 @@ def dry_run(req: Request) -> str:
     if location is not None:
         repo_id, revision = location
         files = sources.planned_files(repo_id, entry.subfolder, revision, req.offline)
-        lines += [f"source: {repo_id}@{revision}, subfolder {entry.subfolder}/", sources.describe_files(files)]
+        lines += [
+            f"source: {repo_id}@{revision}, {sources.repo_folder(entry.subfolder)}",
+            sources.describe_files(files),
+        ]
     else:
         lines.append(f"source: {Path(req.source).expanduser().absolute()} (local)")
     replacing = req.force and folder.out.exists()
@@ -195,9 +198,15 @@ def source_config(req: Request, source: sources.Source, fmt, carried: dict | Non
         return {**req.model.config, **sources.read_config(req.config_file)}
     if carried is not None:
         return carried
-    if source.config is None or fmt.renames:
+    if source.config is None or not _keeps_folder_config(fmt):
         return dict(req.model.config)
     return source.config
+
+
+def _keeps_folder_config(fmt) -> bool:
+    """Whether a config.json beside files of this format is their diffusers config: diffusers' layout's, and a
+    renaming format's that says so (`config: folder`); an original release's belongs to something else."""
+    return not fmt.renames or fmt.config_from == "folder"
 
 
 def carried_config(family, fmt, weights: sources.SourceWeights, shown: str) -> dict | None:
@@ -217,7 +226,7 @@ def config_origin(req: Request, source: sources.Source, fmt, carried: dict | Non
         return f"{req.config_file} (over {req.model.name}'s config)"
     if carried is not None:
         return "the file's metadata"
-    if source.config is None or fmt.renames:
+    if source.config is None or not _keeps_folder_config(fmt):
         return f"{req.model.name}'s config"
     return str(source.config_file)
 

@@ -92,9 +92,14 @@ class Layout:
 
 
 def write(path: Path, clip: np.ndarray, reconstructions: tuple, decoded: tuple) -> dict:
-    """Draws validation.png at `path` from channels-first videos: the test clip, its reconstruction by the converted
-    model and by the reference, and the validation latent's decode by each (as the report compared them). Returns
-    the heat maps' maxima."""
+    """Draws validation.png at `path` from channels-first videos (or images, drawn as one-frame videos): the test
+    clip, its reconstruction by the converted model and by the reference, and the validation latent's decode by each
+    (as the report compared them). Returns the heat maps' maxima."""
+    clip, reconstructions, decoded = (
+        _as_video(clip),
+        tuple(map(_as_video, reconstructions)),
+        tuple(map(_as_video, decoded)),
+    )
     frames = min(clip.shape[2], *(r.shape[2] for r in reconstructions))
     sections = {
         "reconstruction": [clip[0, :, :frames], reconstructions[0][0, :, :frames], reconstructions[1][0, :, :frames]],
@@ -102,6 +107,11 @@ def write(path: Path, clip: np.ndarray, reconstructions: tuple, decoded: tuple) 
     }
     layout = Layout(len(frame_indices(frames)), len(frame_indices(decoded[0].shape[2])))
     return _draw(path, layout, sections)
+
+
+def _as_video(x: np.ndarray) -> np.ndarray:
+    """(B, C, H, W) images as one-frame videos (B, C, 1, H, W); videos as they are."""
+    return x[:, :, None] if x.ndim == 4 else x
 
 
 def _draw(path: Path, layout: Layout, sections: dict) -> dict:

@@ -11,6 +11,7 @@ import json
 import math
 
 from converter.errors import InputError
+from converter.models.autoencoderkl.spec import AUTOENCODERKL
 from converter.models.cogvideox.spec import COGVIDEOX
 from converter.models.common.config import MAX_PARAMETERS, MULTIPLIER, WIDTH, ConfigError
 from converter.models.common.spec import FamilySpec
@@ -48,7 +49,7 @@ def register(family: FamilySpec) -> None:
             MODELS[name] = ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
 
 
-for _family in (WAN, COGVIDEOX, QWENIMAGE, QWENIMAGE21, HUNYUANVIDEO, LTX, LTX2):
+for _family in (WAN, COGVIDEOX, QWENIMAGE, QWENIMAGE21, HUNYUANVIDEO, LTX, LTX2, AUTOENCODERKL):
     register(_family)
 
 

@@ -12,10 +12,10 @@ import numpy as np
 
 class Runner(Protocol):
     def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
-        """(B, z, T, H, W) latents -> (B, C, T', H', W') video."""
+        """(B, z, T, H, W) latents -> (B, C, T', H', W') video; an image model's (B, z, H, W) -> (B, C, H', W')."""
 
     def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(B, C, T, H, W) video -> the latent distribution's (mean, logvar)."""
+        """(B, C, T, H, W) video, or (B, C, H, W) image -> the latent distribution's (mean, logvar)."""
 
 
 def _converted(inputs: dict, convert) -> dict:
@@ -29,17 +29,24 @@ def _converted(inputs: dict, convert) -> dict:
 class FlaxRunner:
     """The Flax model, channels-last, driven with channels-first arrays (as the reference takes them)."""
 
-    to_last, to_first = (0, 2, 3, 4, 1), (0, 4, 1, 2, 3)
-
     def __init__(self, model):
         self.model = model
 
     def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
-        return np.asarray(self.model.decode(latent.transpose(self.to_last), **inputs)).transpose(self.to_first)
+        return _first(self.model.decode(_last(latent), **inputs))
 
     def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        mean, logvar = self.model.encode(video.transpose(self.to_last))
-        return np.asarray(mean).transpose(self.to_first), np.asarray(logvar).transpose(self.to_first)
+        mean, logvar = self.model.encode(_last(video))
+        return _first(mean), _first(logvar)
+
+
+def _last(x: np.ndarray) -> np.ndarray:
+    """Channels-first to channels-last, videos and images alike."""
+    return np.moveaxis(x, 1, -1)
+
+
+def _first(x) -> np.ndarray:
+    return np.moveaxis(np.asarray(x), -1, 1)
 
 
 class TorchaxRunner:

@@ -2,8 +2,8 @@
 and its tensors under diffusers' names, which is what the target rules and the validation read.
 
 A format is recognised from the keys (its `signature`) and, where formats share their keys, from how the file packs
-them (its `container`), or named with --source-format; a file of another family's format, or of another VAE variant,
-is told apart from a damaged one, and named."""
+them (its `container`) or from which format's rules know every key, or named with --source-format; a file of
+another family's format, or of another VAE variant, is told apart from a damaged one, and named."""
 
 from __future__ import annotations
 
@@ -71,6 +71,9 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
     packed_alike = [k for k in fitting if k.fmt.wrapper == weights.wrapper]
     if len(fitting) > 1 and len(packed_alike) == 1:  # a release of diffusers' own keys, told apart by its container
         fitting = packed_alike
+    knowing = [k for k in fitting if all(map(k.knows, shapes))]
+    if len(fitting) > 1 and len(knowing) == 1:  # a layout that renames a few of diffusers' keys (old attention names)
+        fitting = knowing
     if len(fitting) > 1:
         names = ", ".join(f"{k.fmt.name} ({k.family.name})" for k in fitting)
         raise InputError(f"{shown}: the keys fit several formats ({names}); name one with --source-format")

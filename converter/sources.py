@@ -375,7 +375,7 @@ def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Sou
     )
     folder = root / subfolder
     if not folder.is_dir():
-        raise InputError(f"{repo_id}@{revision} has no {subfolder}/ folder with VAE weights")
+        raise InputError(f"{repo_id}@{revision} has no VAE weights in {repo_folder(subfolder)}")
     resolved = _from_path(folder)
     return Source(
         resolved.weight_files,
@@ -389,8 +389,19 @@ def _from_hub(repo_id: str, revision: str, subfolder: str, offline: bool) -> Sou
 
 
 def vae_patterns(subfolder: str) -> list[str]:
-    """Only the VAE's files, never the multi-GB rest of a pipeline repo."""
-    return [f"{subfolder}/config.json", f"{subfolder}/*.safetensors", f"{subfolder}/*.safetensors.index.json"]
+    """Only the VAE's files, never the multi-GB rest of a pipeline repo ("": a repo of the VAE alone, at its root).
+    diffusers' weight files are named: a `*` matches across folders, so at the root it would take every file."""
+    prefix = f"{subfolder}/" if subfolder else ""
+    return [
+        f"{prefix}config.json",
+        f"{prefix}{WEIGHTS_NAME.removesuffix('.safetensors')}*.safetensors",
+        f"{prefix}{INDEX_NAME}",
+    ]
+
+
+def repo_folder(subfolder: str) -> str:
+    """Where in a Hub repo the VAE lives, in words."""
+    return f"its {subfolder}/ folder" if subfolder else "its top folder"
 
 
 def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) -> list[dict]:
@@ -425,7 +436,7 @@ def planned_files(repo_id: str, subfolder: str, revision: str, offline: bool) ->
             cached = huggingface_hub.try_to_load_from_cache(repo_id, sibling.rfilename, revision=info.sha)
             files.append({"path": sibling.rfilename, "size": sibling.size, "cached": isinstance(cached, str)})
     if not files:
-        raise InputError(f"{repo_id}@{revision} has no {subfolder}/ folder with VAE weights")
+        raise InputError(f"{repo_id}@{revision} has no VAE weights in {repo_folder(subfolder)}")
     return files
 
 

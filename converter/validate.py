@@ -73,7 +73,10 @@ def validation_inputs(family, config) -> tuple[np.ndarray, np.ndarray]:
 
 def validation_clip(shape: tuple) -> np.ndarray:
     """A (B, C, T, H, W) clip in [-1, 1] where reconstruction errors show: a diagonal colour gradient, a disc moving
-    right, a square moving down, and a patch of one-pixel stripes whose phase shifts each frame."""
+    right, a square moving down, and a patch of one-pixel stripes whose phase shifts each frame; for a (B, C, H, W)
+    shape, the clip's first frame as an image."""
+    if len(shape) == 4:
+        return validation_clip((shape[0], shape[1], 1, *shape[2:]))[:, :, 0]
     batch, channels, frames, height, width = shape
     y, x = np.mgrid[0:height, 0:width] / np.array([max(height - 1, 1), max(width - 1, 1)])[:, None, None]
     columns = np.arange(width)[None, :].repeat(height, 0)

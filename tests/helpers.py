@@ -110,6 +110,12 @@ def small(family: FamilySpec, which: str) -> tuple[str, dict]:
     return model_for(family, family.config_class.from_dict(config)).name, config
 
 
+def input_shape(family: FamilySpec, batch: int, channels: int, frames: int, height: int, width: int) -> tuple:
+    """A channels-first input's shape for the family's models: (B, C, T, H, W), or an image model's (B, C, H, W)
+    (`frames` unused)."""
+    return (batch, channels, height, width) if family.image else (batch, channels, frames, height, width)
+
+
 def family_cases(cases) -> dict:
     """Test cases from every registered family's test data: {f"{family}-{name}": (family, name, value)} for
     `cases(testing)` -> {name: value}."""

@@ -20,6 +20,7 @@ from tests.helpers import (
     compiled_steps,
     decode_inputs,
     environment_without_compile_cache,
+    input_shape,
     per_family,
     run_cli,
     save_diffusers,
@@ -196,7 +197,7 @@ def test_one_compile_per_chunk_shape(tmp_path, family):
         + [case.latent[-1] for case in testing.tiling.values()]
         + [family.validation_latent_shape(vae.config)[-1]]
     )
-    latent = np.zeros((1, frames, 3, widest + 1, channels), np.float32)
+    latent = np.moveaxis(np.zeros(input_shape(family, 1, channels, frames, 3, widest + 1), np.float32), 1, -1)
     before = compiled_steps()
     vae.decode(latent, **decode_inputs(family, config)[0])
     steps = family.testing().decode_steps

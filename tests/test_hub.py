@@ -43,7 +43,7 @@ def test_repo_id_source_with_revision(hub, tmp_path):
     [
         ("missing-repo", "Hub repo nobody/nothing not found"),
         ("gated", "nobody/gated is gated: accept its terms"),
-        ("no-vae", "nobody/no-vae@main has no vae/ folder"),
+        ("no-vae", "nobody/no-vae@main has no VAE weights in its vae/ folder"),
     ],
 )
 def test_hub_errors(hub, tmp_path, case, message):

@@ -12,7 +12,16 @@ import pytest
 import torch
 
 import converter
-from tests.helpers import converted_by_cli, decode_inputs, family_cases, family_params, run_cli, runner, small
+from tests.helpers import (
+    converted_by_cli,
+    decode_inputs,
+    family_cases,
+    family_params,
+    input_shape,
+    run_cli,
+    runner,
+    small,
+)
 
 ATOL = 1e-4
 # Every family's small configs, each under the first model name of its variant: the cases come from the registry.
@@ -34,7 +43,7 @@ def test_decode_matches_diffusers(converted):
     testing = family.testing()
     for frames, (height, width) in itertools.product(testing.parity_frames[0], testing.parity_latent_sizes):
         seed = torch.Generator().manual_seed(frames)
-        z = torch.randn(1, channels, frames, height, width, generator=seed)
+        z = torch.randn(input_shape(family, 1, channels, frames, height, width), generator=seed)
         with torch.no_grad():
             expected = reference.decode(z, **reference_inputs).sample.numpy()
         if family.clamps_output:
@@ -51,7 +60,7 @@ def test_encode_matches_diffusers(converted):
     channels = family.validation_video_shape(family.config_class.from_dict(dict(reference.config)))[1]
     testing = family.testing()
     for frames, (height, width) in itertools.product(testing.parity_frames[1], testing.parity_video_sizes):
-        shape = (1, channels, frames, height, width)
+        shape = input_shape(family, 1, channels, frames, height, width)
         x = torch.rand(shape, generator=torch.Generator().manual_seed(frames)) * 2 - 1
         with torch.no_grad():
             dist = reference.encode(x).latent_dist

@@ -27,8 +27,10 @@ from converter.models.common import steps_flax
 
 out, channels, frames, meshes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 rng = np.random.default_rng(0)
-z = rng.standard_normal((2, 3, 4, 8, channels)).astype(np.float32)   # (B, T, H, W, C): width 8 over tp <= 8
-x = rng.uniform(-1, 1, (2, frames, 32, 64, 3)).astype(np.float32)     # encodes to width 8 (2 at LTX's 32x)
+# (B, T, H, W, C), an image model's (B, H, W, C) (frames 0): latents of width 8 over tp <= 8; videos of width 64
+# encode to width 8 (2 at LTX's 32x)
+z = rng.standard_normal((2, 3, 4, 8, channels) if frames else (2, 4, 8, channels)).astype(np.float32)
+x = rng.uniform(-1, 1, (2, frames, 32, 64, 3) if frames else (2, 32, 64, 3)).astype(np.float32)
 plain = converter.load(out)
 expected = {"decode": np.asarray(plain.decode(z)), "encode": np.asarray(plain.encode(x)[0])}
 report = {"devices": len(jax.devices()), "scale": {k: float(np.abs(v).max()) for k, v in expected.items()}}
@@ -85,7 +87,8 @@ def test_sharded_matches_unsharded(tmp_path, case):
     channels = family.validation_latent_shape(family.config_class.from_dict(config))[1]
     save_diffusers(family, tmp_path / "vae", config)
     run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
-    frames = min(f for f in family.testing().parity_frames[1] if f > 1)  # a short clip the encoder takes
+    # a short clip the encoder takes; 0 for an image model
+    frames = 0 if family.image else min(f for f in family.testing().parity_frames[1] if f > 1)
     report = report_on_8_devices(SCRIPT, tmp_path / "out", channels, frames, json.dumps(meshes))
     assert report["devices"] == 8
     assert "a batch of 1 does not split over the mesh's 'dp' axis of 2 devices" in report["batch_of_one"]

@@ -19,3 +19,15 @@ def expect_video(x, channels: int, *, channels_last: bool, what: str, multiple: 
         raise ValueError(f"{what}: takes {frames} frame(s) (T = {frames}: one image), got shape {tuple(x.shape)}")
     if h < 1 or w < 1 or h % multiple or w % multiple:
         raise ValueError(f"{what}: height and width must be positive multiples of {multiple}; got {h}x{w}")
+
+
+def expect_image(x, channels: int, *, channels_last: bool, what: str):
+    """x must be (B, H, W, C) (channels_last) or (B, C, H, W), with `channels` channels and at least one pixel."""
+    layout = "(B, H, W, C), channels-last" if channels_last else "(B, C, H, W), channels-first"
+    if x.ndim != 4:
+        raise ValueError(f"{what}: expected a 4-d array {layout} (an image model); got shape {tuple(x.shape)}")
+    b, h, w, c = x.shape if channels_last else (x.shape[0], *x.shape[2:], x.shape[1])
+    if c != channels:
+        raise ValueError(f"{what}: expected {channels} channels in {layout}; got shape {tuple(x.shape)}")
+    if min(b, h, w) < 1:
+        raise ValueError(f"{what}: needs at least one image of at least one pixel; got shape {tuple(x.shape)}")

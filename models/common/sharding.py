@@ -1,7 +1,7 @@
 """Placing the Flax models on a `jax.sharding.Mesh` with axes ("dp", "tp"): parameters replicated, videos and
-latents (B, T, H, W, C) split by batch over "dp" and by width over "tp". jit propagates that layout through every
-step, so decode and encode run sharded with no change to the models; the CPU convolution exchanges each layer's
-halo columns itself (models/common/conv.py).
+latents (B, T, H, W, C), images (B, H, W, C), split by batch over "dp" and by width over "tp". jit propagates that
+layout through every step, so decode and encode run sharded with no change to the models; the CPU convolution
+exchanges each layer's halo columns itself (models/common/conv.py).
 
 Meshes made by `jax.make_mesh` have Explicit axes by default, under which every reshape of a sharded dimension must
 state its output sharding; the models leave the layout to XLA's propagation instead, so they run on the Auto view of
@@ -15,6 +15,7 @@ from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 ACTIVATIONS = P("dp", None, None, "tp", None)  # (B, T, H, W, C)
+IMAGE_ACTIVATIONS = P("dp", None, "tp", None)  # (B, H, W, C)
 PARAMETERS = P()  # replicated
 
 
@@ -27,7 +28,7 @@ def auto_axes(mesh: Mesh | None) -> Mesh | None:
 def shard_activations(x, mesh: Mesh | None):
     if mesh is None:
         return x
-    for axis, (name, size) in ((0, ("dp", "batch")), (3, ("tp", "width"))):
+    for axis, (name, size) in ((0, ("dp", "batch")), (x.ndim - 2, ("tp", "width"))):
         devices = mesh.shape[name]
         if x.shape[axis] % devices:
             raise ValueError(
@@ -35,7 +36,7 @@ def shard_activations(x, mesh: Mesh | None):
                 f"(mesh {dict(mesh.shape)}): use a {size} that is a multiple of {devices}, or a mesh with "
                 f"{name}={_divisor(x.shape[axis], devices)}"
             )
-    return place(x, NamedSharding(mesh, ACTIVATIONS))
+    return place(x, NamedSharding(mesh, ACTIVATIONS if x.ndim == 5 else IMAGE_ACTIVATIONS))
 
 
 def _divisor(n: int, devices: int) -> int:

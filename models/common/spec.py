@@ -61,6 +61,9 @@ class FamilySpec:
     # state_dict entries whose values the manifest records (`tensors`): statistics pipelines read, such as LTX's
     # latents_mean / latents_std buffers
     recorded_tensors: tuple[str, ...] = ()
+    # an image model: its models take images, (B, C, H, W) channels-first and (B, H, W, C) in Flax, and its
+    # validation shapes have no frame axis; a video model's take (B, C, T, H, W)
+    image: bool = False
 
     @property
     def folder(self) -> str:

@@ -34,17 +34,19 @@ def step(part, mesh, model, x, cache, inputs):
     return x, constrain_activations(cache, mesh)
 
 
-def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], mesh=None, inputs=None):
+def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]] | None, mesh=None, inputs=None):
     """x (B, T, H, W, C) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache carried
-    from one to the next, `inputs` (keyword arrays, such as a per-batch timestep) given to every chunk of every tile
-    (or a function of the tile's input that returns them, for inputs drawn per tile such as noise maps); tile by
-    tile when the model's tiling is on. With a mesh ("dp", "tp"), batch and width are split over it
-    (models/common/sharding.py)."""
+    from one to the next (bounds None: x is an image (B, H, W, C), run in one step), `inputs` (keyword arrays, such
+    as a per-batch timestep) given to every chunk of every tile (or a function of the tile's input that returns
+    them, for inputs drawn per tile such as noise maps); tile by tile when the model's tiling is on. With a mesh
+    ("dp", "tp"), batch and width are split over it (models/common/sharding.py)."""
     mesh = auto_axes(mesh)
     placed, x = replicate(model, mesh), shard_activations(x, mesh)
 
     def run(x):
         outs, cache, given = [], None, inputs(x) if callable(inputs) else inputs or {}
+        if bounds is None:  # an image: no frames, one step
+            return _fitting(model, part, step, mesh, placed, x, None, given)[0]
         for start, end in bounds:
             out, cache = _fitting(model, part, step, mesh, placed, x[:, start:end], cache, given)
             outs.append(out)
@@ -54,7 +56,7 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]], m
         run,
         x,
         model.tile_plan(part),
-        h_axis=2,
+        h_axis=x.ndim - 3,
         concat=jnp.concatenate,
         as_array=lambda values, like: jnp.asarray(values, like.dtype),
     )
@@ -75,6 +77,12 @@ def _fitting(model, part: str, step, *args):
             f"the {part} step of a {chunk} chunk does not fit in memory ({str(e).splitlines()[0][:200]}); "
             f"decode or encode it in tiles: {advice}"
         ) from None
+
+
+def run_image(model, part: str, x, mesh=None):
+    """x (B, H, W, C) through `part` in one step (an image model: no frames, no cache), tile by tile when the model's
+    tiling is on, batch and width split over a mesh."""
+    return run_chunks(model, part, x, None, mesh)
 
 
 def run_clip(model, part: str, x, out_frames: int, framewise: bool, mesh=None, inputs=None, drop_last=False):

@@ -25,17 +25,19 @@ class ChunkedAutoencoder(TilingMixin, nn.Module):
         return x, cache
 
     def run_chunks(
-        self, part: str, x: torch.Tensor, bounds: list[tuple[int, int]], step=None, inputs=None
+        self, part: str, x: torch.Tensor, bounds: list[tuple[int, int]] | None, step=None, inputs=None
     ) -> torch.Tensor:
         """x (B, C, T, H, W) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache
-        carried from one to the next, `inputs` (keyword tensors) given to every chunk of every tile (or a function of
-        the tile's input that returns them).
+        carried from one to the next (bounds None: x is an image (B, C, H, W), run in one step), `inputs` (keyword
+        tensors) given to every chunk of every tile (or a function of the tile's input that returns them).
         `step(part, chunk, cache, inputs)` runs one chunk: `chunk_step` unless the torchax runtime passes its
         compiled one."""
         step = step or self.chunk_step
 
         def run(x):
             outs, cache, given = [], None, inputs(x) if callable(inputs) else inputs or {}
+            if bounds is None:  # an image: no frames, one step
+                return step(part, x, None, given)[0]
             for start, end in bounds:
                 out, cache = step(part, x[:, :, start:end], cache, given)
                 outs.append(out)
@@ -45,10 +47,15 @@ class ChunkedAutoencoder(TilingMixin, nn.Module):
             run,
             x,
             self.tile_plan(part),
-            h_axis=3,
+            h_axis=x.ndim - 2,
             concat=torch.cat,
             as_array=lambda values, like: torch.as_tensor(values, dtype=like.dtype, device=like.device),
         )
+
+    def run_image(self, part: str, x: torch.Tensor, step=None) -> torch.Tensor:
+        """x (B, C, H, W) through `part` in one step (an image model: no frames, no cache), tile by tile when tiling
+        is on."""
+        return self.run_chunks(part, x, None, step)
 
     def run_clip(self, part: str, x, out_frames: int, framewise: bool, step=None, inputs=None, drop_last=False):
         """x (B, C, T, H, W) through `part` whole (families with no causal cache), or, with `framewise` and more

@@ -1,0 +1,46 @@
+"""The image VAE family of SD 1.x/2.x, SDXL, SD3/3.5, Flux.1 and Z-Image (diffusers' `AutoencoderKL`): one class,
+configs that differ in latent channels, the 1x1 convolutions around the latent and the latent scaling."""
+
+from __future__ import annotations
+
+from ..common.spec import FamilySpec, ModelName, lazy
+from .config import AutoencoderKLConfig
+
+# The four levels every published AutoencoderKL has (diffusers' class defaults are a one-level toy model)
+_LEVELS = dict(
+    block_out_channels=[128, 256, 512, 512],
+    down_block_types=["DownEncoderBlock2D"] * 4,
+    up_block_types=["UpDecoderBlock2D"] * 4,
+    layers_per_block=2,
+)
+SD15_CONFIG = dict(_LEVELS, sample_size=512)
+SDXL_CONFIG = dict(_LEVELS, sample_size=1024, scaling_factor=0.13025, force_upcast=True)
+SDXL_FP16_FIX_CONFIG = dict(_LEVELS, sample_size=512, scaling_factor=0.13025, force_upcast=False)
+# SD3 and Flux.1: 16 latent channels, no 1x1 convolutions around the latent, a shift before the scaling
+_SD3_LAYOUT = dict(_LEVELS, sample_size=1024, latent_channels=16, use_quant_conv=False, use_post_quant_conv=False)
+SD3_CONFIG = dict(_SD3_LAYOUT, scaling_factor=1.5305, shift_factor=0.0609)
+FLUX1_CONFIG = dict(_SD3_LAYOUT, scaling_factor=0.3611, shift_factor=0.1159)
+
+AUTOENCODERKL = FamilySpec(
+    name="autoencoderkl",
+    config_class=AutoencoderKLConfig,
+    flax_model=lazy(__package__, ".modeling_flax", "AutoencoderKL"),
+    torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKL"),
+    testing=lazy(__package__, ".testing", "TESTING"),
+    mapping_file="autoencoderkl.yaml",
+    models=(
+        ModelName("sd1.5", "stable-diffusion-v1-5/stable-diffusion-v1-5", config=SD15_CONFIG),
+        ModelName("sdxl", "stabilityai/stable-diffusion-xl-base-1.0", config=SDXL_CONFIG),
+        ModelName("sdxl-fp16-fix", "madebyollin/sdxl-vae-fp16-fix", subfolder="", config=SDXL_FP16_FIX_CONFIG),
+        ModelName("sd3-medium", "stabilityai/stable-diffusion-3-medium-diffusers", config=SD3_CONFIG),
+        ModelName("sd3.5-large", "stabilityai/stable-diffusion-3.5-large", config=SD3_CONFIG),
+        ModelName("flux.1-dev", "black-forest-labs/FLUX.1-dev", config=FLUX1_CONFIG),
+        ModelName("flux.1-schnell", "black-forest-labs/FLUX.1-schnell", config=FLUX1_CONFIG),
+        ModelName("z-image-turbo", "Tongyi-MAI/Z-Image-Turbo", config=FLUX1_CONFIG),
+    ),
+    # an image model: its validation decodes one 8x8 latent and encodes one image to a latent of that size
+    validation_latent_shape=lambda c: (1, c.latent_channels, 8, 8),
+    validation_video_shape=lambda c: (1, c.in_channels, 8 * c.spatial_ratio, 8 * c.spatial_ratio),
+    native_video=(1, 1024, 1024),
+    image=True,
+)

@@ -1,0 +1,61 @@
+"""AutoencoderKL's test data (models/common/testing.py says who reads it)."""
+
+from __future__ import annotations
+
+from ..common.testing import FamilyTesting, TilingCase
+
+# SD 1.x/2.x/SDXL's layout at small widths: 3 levels (4x), quant convs, mid-block attention; 32-pixel tiles
+SD_LAYOUT = dict(
+    block_out_channels=[8, 16, 16],
+    down_block_types=["DownEncoderBlock2D"] * 3,
+    up_block_types=["UpDecoderBlock2D"] * 3,
+    layers_per_block=1,
+    latent_channels=4,
+    norm_num_groups=4,
+    sample_size=32,
+)
+# SD3 and Flux.1's layout: 16 latent channels and no quant convs; here 2 levels of 2 layers, other groups, and the
+# mid blocks without attention
+SD3_LAYOUT = dict(
+    block_out_channels=[8, 24],
+    down_block_types=["DownEncoderBlock2D"] * 2,
+    up_block_types=["UpDecoderBlock2D"] * 2,
+    layers_per_block=2,
+    latent_channels=16,
+    norm_num_groups=8,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+    mid_block_add_attention=False,
+    shift_factor=0.1159,
+    scaling_factor=0.3611,
+)
+
+TESTING = FamilyTesting(
+    small_configs={"default-arch": SD_LAYOUT, "sd3-layout": SD3_LAYOUT},
+    # images: no frames
+    parity_frames=((1,), (1,)),
+    # square and non-square latents; images of sizes that divide into latents and of sizes that do not (each
+    # downsampler pads an odd size at the bottom and right)
+    parity_latent_sizes=((4, 4), (3, 5)),
+    parity_video_sizes=((32, 32), (24, 40), (18, 30)),
+    tiling={
+        # 8-latent tiles every 6 (32 pixels every 24): 14x15 latents in rows of 8, 8, 2 and columns of 8, 8, 3
+        "default-arch": TilingCase({}, latent=(14, 15), video=(56, 60), decode_steps=1, targets=("flax", "torchax")),
+    },
+    meshes={"default-arch": ((1, 8, "auto"), (2, 4, "explicit"))},
+    export=("default-arch", "sd3-layout"),
+    check_configs=(
+        # a quant_conv without its post_quant_conv, 8 latent channels, widths 8, 8, 16
+        (
+            "autoencoderkl-mixed",
+            dict(
+                SD_LAYOUT,
+                latent_channels=8,
+                use_post_quant_conv=False,
+                norm_num_groups=8,
+                block_out_channels=[8, 8, 16],
+            ),
+        ),
+    ),
+    decode_steps=1,
+)

@@ -1,0 +1,84 @@
+"""The image VAE of SD, SDXL, SD3 and Flux.1 beyond the generic tests (which take its small configs, image sizes,
+tiling case and meshes from models/autoencoderkl/testing.py): diffusers reads the torchax output; a checkpoint saved
+with diffusers' old attention names converts to the tensors diffusers itself loads from it; a VAE kept at the top of
+its Hub repo (sdxl-vae-fp16-fix) is fetched alone; the models take images, not videos."""
+
+from __future__ import annotations
+
+import diffusers
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import converter
+from converter.registry import FAMILIES
+from tests.fake_hub import Repo
+from tests.helpers import run_cli, save_diffusers, small
+
+KL = FAMILIES["autoencoderkl"]
+LEGACY = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A small SD-layout checkpoint saved by diffusers."""
+    folder = tmp_path_factory.mktemp("kl") / "vae"
+    save_diffusers(KL, folder, small(KL, "default-arch")[1])
+    return folder
+
+
+def test_diffusers_reads_the_torchax_output(checkpoint, tmp_path):
+    name, _ = small(KL, "default-arch")
+    run_cli(name, "--source", checkpoint, "--to", "torchax", "--out", tmp_path / "tx", "--no-validate")
+    read = diffusers.AutoencoderKL.from_pretrained(tmp_path / "tx").eval()
+    reference = diffusers.AutoencoderKL.from_pretrained(checkpoint).eval()
+    z = torch.randn(1, 4, 3, 5, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(read.decode(z).sample, reference.decode(z).sample)
+
+
+def test_legacy_attention_names_convert_to_what_diffusers_loads(checkpoint, tmp_path):
+    """query/key/value/proj_attn, as diffusers saved them before 0.14: converted with the model name alone (no
+    --source-format), the torchax output holds exactly the tensors diffusers loads from the file."""
+    legacy = tmp_path / "legacy"
+    legacy.mkdir()
+    (legacy / "config.json").write_bytes((checkpoint / "config.json").read_bytes())
+    state = load_file(checkpoint / "diffusion_pytorch_model.safetensors")
+    renamed = {}
+    for key, value in state.items():
+        for new, old in LEGACY.items():
+            key = key.replace(f".attentions.0.{new}.", f".attentions.0.{old}.")
+        renamed[key] = value
+    assert renamed.keys() != state.keys()
+    save_file(renamed, legacy / "diffusion_pytorch_model.safetensors")
+    # the oracle: diffusers' own loader renames the old names as it reads them
+    loaded = diffusers.AutoencoderKL.from_pretrained(legacy).state_dict()
+    assert all(torch.equal(loaded[k], state[k]) for k in state)
+    name, _ = small(KL, "default-arch")
+    run_cli(name, "--source", legacy, "--to", "torchax", "--out", tmp_path / "out")
+    assert "layout:   diffusers-legacy-attention" in run_cli("info", tmp_path / "out").stdout
+    got = load_file(tmp_path / "out" / "diffusion_pytorch_model.safetensors")
+    assert got.keys() == loaded.keys() and all(torch.equal(got[k], loaded[k]) for k in loaded)
+
+
+def test_a_vae_at_the_top_of_its_hub_repo_is_fetched_alone(hub, checkpoint, tmp_path):
+    """sdxl-vae-fp16-fix keeps diffusers' files at the repo's top, beside single-file copies of the same VAE that a
+    conversion must not fetch."""
+    repo = "madebyollin/sdxl-vae-fp16-fix"
+    files = {p.name: p.read_bytes() for p in checkpoint.iterdir()}
+    hub.repos[repo] = Repo({**files, "sdxl.vae.safetensors": b"\0" * 4096, "sdxl_vae.safetensors": b"\0" * 4096})
+    run_cli("sdxl-fp16-fix", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+    fetched = {path.split("/resolve/", 1)[1].split("/", 1)[1] for path in hub.downloads()}
+    assert fetched == {"config.json", "diffusion_pytorch_model.safetensors"}
+
+
+def test_the_models_take_images(checkpoint, tmp_path):
+    name, _ = small(KL, "default-arch")
+    for target in ("flax", "torchax"):
+        run_cli(name, "--source", checkpoint, "--to", target, "--out", tmp_path / target, "--no-validate")
+    video = np.zeros((1, 1, 8, 8, 4), np.float32)
+    with pytest.raises(ValueError, match=r"decode: expected a 4-d array \(B, H, W, C\)"):
+        converter.load(tmp_path / "flax").decode(video)
+    with pytest.raises(ValueError, match=r"decode: expected a 4-d array \(B, C, H, W\)"):
+        converter.load(tmp_path / "torchax").decode(torch.from_numpy(video))
