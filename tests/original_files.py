@@ -9,6 +9,7 @@ import json
 import numpy as np
 import torch
 
+from converter.mapping import MAPPINGS_DIR, load_mapping
 from converter.targets import read_output
 from tests.helpers import PAIRINGS, family_cases, small
 
@@ -25,14 +26,23 @@ def released_config(fmt: str) -> tuple[str, dict]:
     return name, {**config, **case.config_changes}
 
 
-def pairing(fmt: str) -> dict[str, str]:
-    """original key -> diffusers key, as the pairings list them."""
-    keys = json.loads((PAIRINGS / f"{fmt}.json").read_text())["keys"]
-    return {original: entry["diffusers"] for original, entry in keys.items()}
+def pairing(fmt: str, family=None) -> dict[str, tuple[str, int]]:
+    """original key -> (diffusers key, the original tensor's rank), as the pairings file of `family`'s format lists
+    them (by default the family whose test data writes that format)."""
+    family = family or FORMATS[fmt][0]
+    keys = json.loads((PAIRINGS / load_mapping(MAPPINGS_DIR / family.mapping_file).formats[fmt].pairings).read_text())[
+        "keys"
+    ]
+    return {original: (entry["diffusers"], len(entry["shape"])) for original, entry in keys.items()}
 
 
-def as_released(state: dict, fmt: str) -> dict:
-    return {original: state[diffusers].clone() for original, diffusers in pairing(fmt).items()}
+def as_released(state: dict, fmt: str, family=None) -> dict:
+    """The diffusers tensors under their original names, each of the rank it is released with (LDM keeps its
+    attention projections as 1x1 convolutions: trailing axes of one)."""
+    return {
+        original: state[key].clone().reshape(*state[key].shape, *(1,) * (rank - state[key].ndim))
+        for original, (key, rank) in pairing(fmt, family).items()
+    }
 
 
 def write_original(state: dict, fmt: str, path, wrapper=FORMATS, extra=None):

@@ -1,7 +1,8 @@
 """The image VAE of SD, SDXL, SD3 and Flux.1 beyond the generic tests (which take its small configs, image sizes,
-tiling case and meshes from models/autoencoderkl/testing.py): diffusers reads the torchax output; a checkpoint saved
-with diffusers' old attention names converts to the tensors diffusers itself loads from it; a VAE kept at the top of
-its Hub repo (sdxl-vae-fp16-fix) is fetched alone; the models take images, not videos."""
+tiling case, meshes and original single files from models/autoencoderkl/testing.py): diffusers reads the torchax
+output; a checkpoint saved with diffusers' old attention names converts to the tensors diffusers itself loads from it;
+the VAE inside a whole SD or SD3 checkpoint converts, the rest named and dropped; a VAE kept at the top of its Hub repo
+(sdxl-vae-fp16-fix) is fetched alone; the models take images, not videos."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from safetensors.torch import load_file, save_file
 import converter
 from converter.registry import FAMILIES
 from tests.fake_hub import Repo
-from tests.helpers import run_cli, save_diffusers, small
+from tests.helpers import manifest, run_cli, save_diffusers, small
+from tests.original_files import as_released, assert_same_tensors, output_tensors
 
 KL = FAMILIES["autoencoderkl"]
 LEGACY = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
@@ -60,6 +62,29 @@ def test_legacy_attention_names_convert_to_what_diffusers_loads(checkpoint, tmp_
     assert "layout:   diffusers-legacy-attention" in run_cli("info", tmp_path / "out").stdout
     got = load_file(tmp_path / "out" / "diffusion_pytorch_model.safetensors")
     assert got.keys() == loaded.keys() and all(torch.equal(got[k], loaded[k]) for k in loaded)
+
+
+@pytest.mark.parametrize(("fmt", "which"), [("ldm-checkpoint", "default-arch"), ("sd3-checkpoint", "sd3-layout")])
+def test_the_vae_of_a_whole_checkpoint_converts_and_the_rest_is_dropped(tmp_path, fmt, which):
+    """sd_xl_base_1.0.safetensors, sd3_medium.safetensors: the VAE under first_stage_model. beside the UNet or
+    transformer and the text encoders, which are counted by the drop rule that takes them."""
+    name, config = small(KL, which)
+    config = {**config, **KL.testing().original_files["ldm"].config_changes}
+    state = save_diffusers(KL, tmp_path / "diffusers", config).state_dict()
+    others = {
+        "model.diffusion_model.input_blocks.0.0.weight": torch.zeros(8, 4, 3, 3),
+        "conditioner.embedders.0.transformer.text_model.embeddings.token_embedding.weight": torch.zeros(16, 8),
+    }
+    whole = tmp_path / "checkpoint.safetensors"
+    save_file({**as_released(state, fmt, KL), **others}, whole)
+    config_file = tmp_path / "diffusers" / "config.json"
+    result = run_cli(name, "--source", whole, "--config", config_file, "--to", "flax", "--out", tmp_path / "o")
+    run_cli(name, "--source", tmp_path / "diffusers", "--to", "flax", "--out", tmp_path / "d", "--no-validate")
+    assert_same_tensors(output_tensors(tmp_path / "o"), output_tensors(tmp_path / "d"))
+    info = manifest(tmp_path / "o")
+    assert info["source"]["format"] == fmt and info["validation"]["ok"]
+    assert info["source"]["dropped"] == {"not-the-vae": {"tensors": 2, "bytes": 4 * (8 * 4 * 9 + 16 * 8)}}
+    assert "dropped 2 tensor(s) by rule not-the-vae" in result.stderr
 
 
 def test_a_vae_at_the_top_of_its_hub_repo_is_fetched_alone(hub, checkpoint, tmp_path):

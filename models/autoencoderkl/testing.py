@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common.testing import FamilyTesting, TilingCase
+from ..common.testing import FamilyTesting, OriginalFileCase, TilingCase
 
 # SD 1.x/2.x/SDXL's layout at small widths: 3 levels (4x), quant convs, mid-block attention; 32-pixel tiles
 SD_LAYOUT = dict(
@@ -28,6 +28,16 @@ SD3_LAYOUT = dict(
     mid_block_add_attention=False,
     shift_factor=0.1159,
     scaling_factor=0.3611,
+)
+
+# the block structure of every released VAE, whose keys the original files list: four levels (numbered from the top
+# in the decoder) of two layers, widths doubling as 128, 256, 512, 512 do (the same resnets have shortcuts), attention
+RELEASED_STRUCTURE = dict(
+    block_out_channels=[8, 16, 32, 32],
+    down_block_types=["DownEncoderBlock2D"] * 4,
+    up_block_types=["UpDecoderBlock2D"] * 4,
+    layers_per_block=2,
+    mid_block_add_attention=True,
 )
 
 TESTING = FamilyTesting(
@@ -57,5 +67,11 @@ TESTING = FamilyTesting(
             ),
         ),
     ),
+    original_files={
+        "ldm": OriginalFileCase("default-arch", "sdxl_vae.pt", config_changes=RELEASED_STRUCTURE),
+        "bfl-flux1": OriginalFileCase(
+            "sd3-layout", "ae.pt", config_changes=RELEASED_STRUCTURE, validated_target="torchax"
+        ),
+    },
     decode_steps=1,
 )

@@ -1,9 +1,16 @@
-"""Writes the AutoencoderKL pairings beside this script:
+"""Writes the AutoencoderKL pairings beside this script, each listing every key of a file with its shape and the
+diffusers key it becomes:
 
-- autoencoderkl-legacy-attention.json: every key of a diffusers AutoencoderKL file saved before diffusers 0.14, whose
-  mid-block attention projections are `query`, `key`, `value` and `proj_attn`, with its shape and the key diffusers
-  loads it as. The pairing is diffusers' own: `ModelMixin._fix_state_dict_keys_on_load`, the renaming
-  `from_pretrained` applies to such files, run on the legacy names of SD 1.5's VAE (built on the meta device).
+- autoencoderkl-legacy-attention.json: a diffusers AutoencoderKL file saved before diffusers 0.14, whose mid-block
+  attention projections are `query`, `key`, `value` and `proj_attn`. The pairing is diffusers' own:
+  `ModelMixin._fix_state_dict_keys_on_load`, the renaming `from_pretrained` applies to such files, run on the legacy
+  names of SD 1.5's VAE (built on the meta device).
+- autoencoderkl-ldm.json, autoencoderkl-bfl-flux1.json, autoencoderkl-ldm-checkpoint.json,
+  autoencoderkl-sd3-checkpoint.json: the original (CompVis/LDM) layout: a standalone SD VAE file, BFL's Flux.1
+  `ae.safetensors` (no quant convs), and the VAE inside a whole SD/SDXL or SD3 checkpoint (`first_stage_model.`).
+  The pairing is diffusers' single-file converter, `convert_ldm_vae_checkpoint`: each LDM tensor holds a value of
+  its own, and the converter's output tells which diffusers key each became; every LDM key must be used once and
+  every key of diffusers' model produced.
 
     .venv/bin/python tests/data/source-formats/make_autoencoderkl_pairings.py
 """
@@ -11,6 +18,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import OrderedDict
 from pathlib import Path
 
@@ -34,7 +42,71 @@ def legacy_key(key: str) -> str:
     return key
 
 
+SD3_CONFIG = dict(SD15_CONFIG, sample_size=1024, latent_channels=16, use_quant_conv=False, use_post_quant_conv=False)
+LDM_NAMES = {"conv_norm_out": "norm_out", "conv_shortcut": "nin_shortcut", "downsamplers.0": "downsample"}
+LDM_ATTENTION = {"group_norm": "norm", "to_q": "q", "to_k": "k", "to_v": "v", "to_out.0": "proj_out"}
+
+
+def ldm_key(key: str, levels: int) -> str:
+    """The LDM name of a diffusers key: diffusers' converter read backwards, for it to check."""
+    for new, old in LDM_NAMES.items():
+        key = key.replace(new, old)
+    key = re.sub(r"down_blocks\.(\d+)\.resnets\.", r"down.\1.block.", key)
+    key = re.sub(r"down_blocks\.(\d+)\.downsample", r"down.\1.downsample", key)
+    key = re.sub(r"up_blocks\.(\d+)\.resnets\.", lambda m: f"up.{levels - 1 - int(m[1])}.block.", key)
+    key = re.sub(r"up_blocks\.(\d+)\.upsamplers\.0", lambda m: f"up.{levels - 1 - int(m[1])}.upsample", key)
+    key = re.sub(r"mid_block\.resnets\.(\d)", lambda m: f"mid.block_{int(m[1]) + 1}", key)
+    for new, old in LDM_ATTENTION.items():
+        key = key.replace(f"mid_block.attentions.0.{new}.", f"mid.attn_1.{old}.")
+    return key
+
+
+def ldm_pairings(config: dict, prefix: str, about: str) -> dict:
+    """The LDM file of `config`'s VAE (1x1 attention convolutions, the decoder's levels numbered from the top) and
+    what diffusers' converter makes of each of its keys."""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    with torch.device("meta"):
+        expected = diffusers.AutoencoderKL(**config).state_dict()
+    levels = len(config["block_out_channels"])
+    original = {}
+    for i, (key, tensor) in enumerate(expected.items()):
+        shape = (*tensor.shape, 1, 1) if ".attentions.0.to_" in key and key.endswith("weight") else tuple(tensor.shape)
+        original[prefix + ldm_key(key, levels)] = torch.full(shape, float(i))
+    converted = convert_ldm_vae_checkpoint(original, config)
+    assert {k: v.shape for k, v in converted.items()} == {k: v.shape for k, v in expected.items()}
+    becomes = {int(v.flatten()[0]): k for k, v in converted.items()}
+    assert len(becomes) == len(original) == len(expected)  # every LDM tensor used once
+    return {
+        "file": about,
+        "model_code": "diffusers AutoencoderKL, keys as diffusers' single-file converter reads them",
+        "pairing": "diffusers' convert_ldm_vae_checkpoint (loaders/single_file_utils.py)",
+        "original_config": config,
+        "keys": {k: {"shape": list(v.shape), "diffusers": becomes[int(v.flatten()[0])]} for k, v in original.items()},
+    }
+
+
+LDM_FILES = {
+    "autoencoderkl-ldm.json": (SD15_CONFIG, "", "a standalone SD 1.x/2.x/SDXL VAE file in the LDM layout"),
+    "autoencoderkl-bfl-flux1.json": (SD3_CONFIG, "", "BFL's Flux.1 ae.safetensors (the LDM layout, no quant convs)"),
+    "autoencoderkl-ldm-checkpoint.json": (
+        SD15_CONFIG,
+        "first_stage_model.",
+        "a whole SD 1.x/2.x/SDXL checkpoint, its VAE under first_stage_model.",
+    ),
+    "autoencoderkl-sd3-checkpoint.json": (
+        SD3_CONFIG,
+        "first_stage_model.",
+        "a whole SD3 checkpoint (sd3_medium.safetensors), its VAE under first_stage_model.",
+    ),
+}
+
+
 if __name__ == "__main__":
+    for name, (config, prefix, about) in LDM_FILES.items():
+        content = ldm_pairings(config, prefix, about)
+        (HERE / name).write_text(json.dumps(content, indent=1) + "\n")
+        print(f"{name}: {len(content['keys'])} keys")
     with torch.device("meta"):
         model = diffusers.AutoencoderKL(**SD15_CONFIG)
     current = model.state_dict()
