@@ -14,7 +14,9 @@ The runtime lowers some ops as the Flax models compute them:
   convolution per time tap, or one batched matrix product over the window's taps). The models pad and cache
   channels-last around them, so XLA's transposes cancel;
 - SiLU and sums of activations (`aten.silu`, `aten.add.Tensor` on tensors of one shape) channels-last, so that what
-  XLA materialises between the convolutions is laid out as they read it.
+  XLA materialises between the convolutions is laid out as they read it;
+- attention with no mask (`F.scaled_dot_product_attention`) in blocks with a running softmax, as the Flax models
+  compute it (models/common/attention.py), never holding the score matrix.
 """
 
 from __future__ import annotations
@@ -155,6 +157,27 @@ def _convolution(*args):
     return interop.call_jax(_jax_convolution, *args)
 
 
+def _scaled_dot_product_attention(
+    query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
+):
+    """Attention with no mask (the image models' mid blocks) as the Flax models compute it, in blocks with a running
+    softmax (models/common/attention.py): torchax's own lowering holds the (N, N) score matrix, 17 GB at 65,536
+    tokens. Anything else (a mask, dropout, a scale of its own) goes to torchax's."""
+    from torchax import interop
+    from torchax.ops import jtorch
+
+    if attn_mask is not None or dropout_p or is_causal or scale is not None or enable_gqa:
+        return jtorch._sdpa_reference(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    def blocked(q, k, v):  # (B, heads, N, C): the heads as batch
+        from converter.models.common.attention import blocked_attention
+
+        out = blocked_attention(*(x.reshape(-1, *x.shape[2:]) for x in (q, k, v)))
+        return out.reshape(*q.shape[:2], *out.shape[1:])
+
+    return interop.call_jax(blocked, query, key, value)
+
+
 @functools.cache
 def torchax_env():
     """torchax's environment, with this runtime's lowerings installed once."""
@@ -163,6 +186,7 @@ def torchax_env():
 
     env.override_op_definition(torch.ops.aten.native_group_norm.default, _native_group_norm)
     env.override_op_definition(torch.ops.aten.convolution.default, _convolution)
+    env.override_op_definition(torch.nn.functional.scaled_dot_product_attention, _scaled_dot_product_attention)
     for op, jax_op in ((torch.ops.aten.silu.default, jaten._aten_silu), (torch.ops.aten.add.Tensor, jaten._aten_add)):
         env.override_op_definition(op, _channels_last_elementwise(jax_op))
     return env
