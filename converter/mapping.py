@@ -405,6 +405,23 @@ def rename_keys(mapping: Mapping, fmt: SourceFormat, source: dict[str, tuple], d
     return match_rules(fmt.rules, fmt.drops, source, diffusers, f"{mapping.path.name} [{fmt.name}]", "diffusers")
 
 
+def renamed_shapes(fmt: SourceFormat, source: dict[str, tuple]) -> dict[str, tuple]:
+    """The diffusers keys and shapes a format's rules make of a file's keys, unchecked: what config inference reads
+    before there is a config to check against. A key no rule, or several, take is left out (planning names it)."""
+    if not fmt.renames:
+        return dict(source)
+    out = {}
+    for key, shape in source.items():
+        found = [(rule, m) for rule in fmt.rules if (m := rule.pattern.fullmatch(key))]
+        if len(found) == 1:
+            rule, match = found[0]
+            try:
+                out[rule.target_key(match)] = transformed_shape(rule.ops, tuple(shape))
+            except (LookupError, ValueError):
+                continue
+    return out
+
+
 def match_rules(rules, drops, source: dict[str, tuple], target_shapes: dict[str, tuple], section: str, receiver: str):
     conflicts, unfit, assignments, filled_by, dropped = [], [], [], {}, {}
     hits = dict.fromkeys((*rules, *drops), 0)

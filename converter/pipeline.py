@@ -66,6 +66,12 @@ class Plan:
     source_format: object  # mapping.SourceFormat
     dropped: dict  # drop rule name -> {"tensors", "bytes"}
     config_origin: str  # where the config came from, in words
+    inferred: list[str]  # config fields the tensors gave in place of the named model's
+
+    def inferred_line(self) -> str | None:
+        if not self.inferred:
+            return None
+        return f"config: {', '.join(self.inferred)} inferred from the tensors (the file brings no config)"
 
     def ignored_line(self) -> str | None:
         if not self.ignored_config_keys:
@@ -115,7 +121,7 @@ def dry_run(req: Request) -> str:
     if refusal:
         lines.append(f"  ✗ {refusal}: a conversion would stop here")
     if plan is not None:
-        lines += [line for line in (plan.format_line(), plan.ignored_line()) if line]
+        lines += [line for line in (plan.format_line(), plan.inferred_line(), plan.ignored_line()) if line]
         lines.append(
             f"plan: {len(plan.assignments)} tensors, every key mapped to a {req.target.name} leaf "
             f"({req.target.weight_files[req.fmt]})"
@@ -245,6 +251,9 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     raw = source_config(req, source, fmt, carried)
     refuse_other_family(req.model, raw)
     origin = config_origin(req, source, fmt, carried)
+    raw, inferred = inferred_config(req, source, fmt, carried, raw, weights)
+    if inferred:
+        origin = f"{origin}, its {', '.join(inferred)} inferred from the tensors (--config FILE for another)"
     config = config_from_dict(family, raw, origin)
     refuse_other_variant(req.model, config)
     source_formats.refuse_other_variant(fmt, family, config, req.model)
@@ -264,7 +273,21 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
             sources.ensure_weights_fit_config(family, diffusers_shapes(family, config), weights)
         raise
     ignored = family.config_class.ignored_fields(raw)
-    return Plan(weights, config, mapping_path, leaf_shapes, assignments, ignored, fmt, dropped, origin)
+    return Plan(weights, config, mapping_path, leaf_shapes, assignments, ignored, fmt, dropped, origin, inferred)
+
+
+def inferred_config(req: Request, source: sources.Source, fmt, carried, raw: dict, weights) -> tuple[dict, list[str]]:
+    """Where the config is the named model's for want of the file's own (a lone file, an original release), the
+    family's reading of the tensors in its place: a VAE of other widths than the name's converts as what it is. The
+    fields that changed are returned to be reported."""
+    family = req.model.family
+    from_name = req.config_file is None and carried is None and (source.config is None or not _keeps_folder_config(fmt))
+    if not from_name or family.config_from_shapes is None:
+        return raw, []
+    shapes = mapping.renamed_shapes(fmt, {k: shape for k, (shape, _) in weights.specs.items()})
+    implied = family.config_from_shapes(shapes, raw)
+    named = config_from_dict(family, raw, config_origin(req, source, fmt, carried)).to_dict()
+    return implied, sorted(k for k, v in implied.items() if named.get(k) != v)
 
 
 def convert(req: Request) -> Summary:
@@ -286,7 +309,7 @@ def convert(req: Request) -> Summary:
 def _convert(req: Request, source: sources.Source, folder: OutputFolder, provenance, started: float) -> Summary:
     family = req.model.family
     plan = make_plan(req, source)
-    for line in (plan.format_line(), plan.ignored_line()):
+    for line in (plan.format_line(), plan.inferred_line(), plan.ignored_line()):
         if line:
             req.say(line)
     dtype = choose_dtype(req.dtype, plan.weights, req.say)
@@ -310,6 +333,8 @@ def _convert(req: Request, source: sources.Source, folder: OutputFolder, provena
         if family.recorded_tensors:
             manifest["tensors"] = recorded
         manifest["source"] = dict(provenance(), format=plan.source_format.name)
+        if plan.inferred:
+            manifest["source"]["config_inferred"] = plan.inferred
         if plan.dropped:
             manifest["source"]["dropped"] = plan.dropped
         if plan.ignored_config_keys:

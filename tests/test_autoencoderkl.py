@@ -1,10 +1,13 @@
 """The image VAE of SD, SDXL, SD3 and Flux.1 beyond the generic tests (which take its small configs, image sizes,
 tiling case, meshes and original single files from models/autoencoderkl/testing.py): diffusers reads the torchax
 output; a checkpoint saved with diffusers' old attention names converts to the tensors diffusers itself loads from it;
-the VAE inside a whole SD or SD3 checkpoint converts, the rest named and dropped; a VAE kept at the top of its Hub repo
+the VAE inside a whole SD or SD3 checkpoint converts, the rest named and dropped; a file with no config converts as
+what its tensors say, and they say every published config back; a VAE kept at the top of its Hub repo
 (sdxl-vae-fp16-fix) is fetched alone; the models take images, not videos."""
 
 from __future__ import annotations
+
+import json
 
 import diffusers
 import numpy as np
@@ -13,9 +16,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import converter
-from converter.registry import FAMILIES
+from converter.models.autoencoderkl.config import config_from_shapes
+from converter.registry import FAMILIES, MODELS
+from converter.targets import diffusers_shapes
 from tests.fake_hub import Repo
-from tests.helpers import manifest, run_cli, save_diffusers, small
+from tests.helpers import DATA, manifest, run_cli, save_diffusers, small
 from tests.original_files import as_released, assert_same_tensors, output_tensors
 
 KL = FAMILIES["autoencoderkl"]
@@ -107,3 +112,40 @@ def test_the_models_take_images(checkpoint, tmp_path):
         converter.load(tmp_path / "flax").decode(video)
     with pytest.raises(ValueError, match=r"decode: expected a 4-d array \(B, C, H, W\)"):
         converter.load(tmp_path / "torchax").decode(torch.from_numpy(video))
+
+
+# what no tensor shows: from the model name
+NOT_IN_TENSORS = ("norm_num_groups", "sample_size", "scaling_factor", "shift_factor", "force_upcast", "act_fn")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        p
+        for p in sorted((DATA / "configs").glob("*.json"))
+        if json.loads(p.read_text())["_class_name"] == "AutoencoderKL"
+    ],
+    ids=lambda p: p.name.split(".vae")[0],
+)
+def test_the_tensors_of_every_published_config_give_it_back(path):
+    raw = json.loads(path.read_text())
+    published = KL.config_class.from_dict(raw)
+    named = {k: v for k, v in raw.items() if k in NOT_IN_TENSORS}
+    assert KL.config_class.from_dict(config_from_shapes(diffusers_shapes(KL, published), named)) == published
+
+
+def test_a_file_without_config_converts_as_its_tensors_say(tmp_path):
+    """An SD-layout VAE of other widths and depth than SD 1.5's, its weights alone, named sd1.5: converted and
+    validated as what it is, with the inference said and recorded; SD 1.5's norm groups and scaling kept."""
+    config = dict(MODELS["sd1.5"].config, block_out_channels=[32, 64], down_block_types=["DownEncoderBlock2D"] * 2)
+    config.update(up_block_types=["UpDecoderBlock2D"] * 2, layers_per_block=1, latent_channels=8)
+    save_diffusers(KL, tmp_path / "vae", config)
+    bare = tmp_path / "alone" / "vae.safetensors"
+    bare.parent.mkdir()
+    bare.write_bytes((tmp_path / "vae" / "diffusion_pytorch_model.safetensors").read_bytes())
+    result = run_cli("sd1.5", "--source", bare, "--to", "flax", "--out", tmp_path / "out")
+    inferred = ["block_out_channels", "down_block_types", "latent_channels", "layers_per_block", "up_block_types"]
+    assert f"config: {', '.join(inferred)} inferred from the tensors" in result.stderr
+    info = manifest(tmp_path / "out")
+    assert info["validation"]["ok"] and info["source"]["config_inferred"] == inferred
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == KL.config_class.from_dict(config).to_dict()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..common.config import LAYERS, PIXELS, WIDTH, ConfigError, DiffusersConfig
+from ..common.config import LAYERS, LEVELS, PIXELS, WIDTH, ConfigError, DiffusersConfig
 from ..common.tiling import TilePlan
 
 
@@ -116,3 +116,31 @@ class AutoencoderKLTiling:
                 crop_scale=None,
             ),
         }
+
+
+def config_from_shapes(shapes: dict[str, tuple], named: dict) -> dict:
+    """`named` (the model name's config) with what an AutoencoderKL file's tensors show in its place: the widths,
+    levels, layers per level, channels in, out and of the latent, and which optional layers exist (the quant convs,
+    the mid blocks' attention). What tensors do not show (norm groups, scaling, tile size) stays the name's. Tensors
+    of another layout leave `named` as it is: planning says what does not fit."""
+    first_convs = [shapes.get(f"encoder.down_blocks.{i}.resnets.0.conv1.weight") for i in range(LEVELS)]
+    levels = next((i for i, shape in enumerate(first_convs) if shape is None), LEVELS)
+    ends = ("encoder.conv_in.weight", "decoder.conv_in.weight", "decoder.conv_out.weight")
+    if not levels or any(len(shapes.get(key, ())) != 4 for key in ends):
+        return named
+    layers = next(
+        j for j in range(LAYERS.maximum + 1) if f"encoder.down_blocks.0.resnets.{j}.conv1.weight" not in shapes
+    )
+    return {
+        **named,
+        "block_out_channels": [first_convs[i][0] for i in range(levels)],
+        "down_block_types": ["DownEncoderBlock2D"] * levels,
+        "up_block_types": ["UpDecoderBlock2D"] * levels,
+        "layers_per_block": layers,
+        "in_channels": shapes["encoder.conv_in.weight"][1],
+        "out_channels": shapes["decoder.conv_out.weight"][0],
+        "latent_channels": shapes["decoder.conv_in.weight"][1],
+        "use_quant_conv": "quant_conv.weight" in shapes,
+        "use_post_quant_conv": "post_quant_conv.weight" in shapes,
+        "mid_block_add_attention": "encoder.mid_block.attentions.0.to_q.weight" in shapes,
+    }

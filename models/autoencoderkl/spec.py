@@ -4,7 +4,7 @@ configs that differ in latent channels, the 1x1 convolutions around the latent a
 from __future__ import annotations
 
 from ..common.spec import FamilySpec, ModelName, lazy
-from .config import AutoencoderKLConfig
+from .config import AutoencoderKLConfig, config_from_shapes
 
 # The four levels every published AutoencoderKL has (diffusers' class defaults are a one-level toy model)
 _LEVELS = dict(
@@ -42,5 +42,6 @@ AUTOENCODERKL = FamilySpec(
     validation_latent_shape=lambda c: (1, c.latent_channels, 8, 8),
     validation_video_shape=lambda c: (1, c.in_channels, 8 * c.spatial_ratio, 8 * c.spatial_ratio),
     native_video=(1, 1024, 1024),
+    config_from_shapes=config_from_shapes,
     image=True,
 )

@@ -61,6 +61,10 @@ class FamilySpec:
     # state_dict entries whose values the manifest records (`tensors`): statistics pipelines read, such as LTX's
     # latents_mean / latents_std buffers
     recorded_tensors: tuple[str, ...] = ()
+    # ({diffusers key: shape} of a file that brings no config, the named model's config) -> that config with what
+    # the tensors show in place of the named model's (widths, depth, latent channels, optional layers); None where a
+    # family's tensors cannot say
+    config_from_shapes: Callable | None = None
     # an image model: its models take images, (B, C, H, W) channels-first and (B, H, W, C) in Flax, and its
     # validation shapes have no frame axis; a video model's take (B, C, T, H, W)
     image: bool = False
