@@ -44,12 +44,12 @@ def cases(smoke: bool, names: list[str] | None = None) -> dict:
         video = list(family.validation_video_shape(config))
         frames, height, width = family.native_video
         if smoke:
-            latent[3:], video[3:] = [4, 4], [32, 32]
+            latent[-2:], video[-2:] = [4, 4], [32, 32]
         elif frames == 1:  # an image model: the images its pipelines make (its validation image encodes to its latent)
-            ratio = video[3] // latent[3]
-            latent[3:], video[3:] = [height // ratio, width // ratio], [height, width]
+            ratio = video[-1] // latent[-1]
+            latent[-2:], video[-2:] = [height // ratio, width // ratio], [height, width]
         else:
-            video[3:] = [64, 64]
+            video[-2:] = [64, 64]
         result[entry.name] = (tuple(latent), tuple(video))
     return result
 
@@ -388,9 +388,10 @@ def _compile_layout(model: str, layout: str, smoke: bool) -> dict:
     channels = entry.family.validation_video_shape(config)[1]
     _, c, t, h, w = SMOKE_VIDEO if smoke else (1, channels, *entry.family.native_video)
     if mesh_shape:  # the latent's width must split over "tp": the native width rounded up to where it does
-        ratio = entry.family.validation_video_shape(config)[4] // entry.family.validation_latent_shape(config)[4]
+        ratio = entry.family.validation_video_shape(config)[-1] // entry.family.validation_latent_shape(config)[-1]
         w = -(-w // (ratio * mesh_shape[1])) * ratio * mesh_shape[1]
-    video = jax.ShapeDtypeStruct((batch, t, h, w, c), np.float32)  # channels-last
+    # channels-last; an image model's without frames
+    video = jax.ShapeDtypeStruct((batch, h, w, c) if entry.family.image else (batch, t, h, w, c), np.float32)
     inputs = decode_inputs(entry.family, config)
 
     def run(part, state, x):

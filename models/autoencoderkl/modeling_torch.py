@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_image
-from ..common.layers_torch import GroupNorm
+from ..common.layers_torch import Attention, GroupNorm
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import AutoencoderKLConfig, AutoencoderKLTiling
@@ -57,27 +57,6 @@ class ResnetBlock2D(nn.Module):
         h = self.conv1(F.silu(self.norm1(x)))
         h = self.conv2(F.silu(self.norm2(h)))
         return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
-
-
-class Attention(nn.Module):
-    """diffusers' Attention as UNetMidBlock2D configures it: GroupNorm first, one head as wide as the channels,
-    softmax in float32, the input added back."""
-
-    def __init__(self, channels, groups):
-        super().__init__()
-        self.group_norm = GroupNorm(groups, channels, eps=EPS)
-        self.to_q = nn.Linear(channels, channels)
-        self.to_k = nn.Linear(channels, channels)
-        self.to_v = nn.Linear(channels, channels)
-        self.to_out = nn.ModuleList([nn.Linear(channels, channels)])
-
-    def forward(self, x):
-        b, c, h, w = x.shape
-        tokens = self.group_norm(x).permute(0, 2, 3, 1).reshape(b, h * w, c)
-        q, k, v = (proj(tokens).unsqueeze(1) for proj in (self.to_q, self.to_k, self.to_v))
-        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(x.dtype)
-        out = self.to_out[0](out.squeeze(1))
-        return out.reshape(b, h, w, c).permute(0, 3, 1, 2) + x
 
 
 class UNetMidBlock2D(nn.Module):

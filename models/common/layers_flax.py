@@ -5,6 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
+from .attention import blocked_attention
 from .group_norm import group_norm
 
 
@@ -19,3 +20,24 @@ class GroupNorm(nnx.Module):
 
     def __call__(self, x):
         return group_norm(x, self.num_groups, self.eps, self.scale[...], self.bias[...])[0]
+
+
+class Attention(nnx.Module):
+    """diffusers' Attention as the VAEs' mid blocks configure it: GroupNorm first, one head as wide as the channels,
+    q/k/v and an output projection with biases, the input added back. Over an image's pixels (B, H, W, C), or a
+    clip's (B, T, H, W, C) where a token sees its own and earlier frames (HunyuanVideo's mask); in blocks, never the
+    score matrix whole."""
+
+    def __init__(self, channels, groups, *, rngs, param_dtype):
+        kw = dict(kernel_init=nnx.initializers.zeros, rngs=rngs, param_dtype=param_dtype)
+        self.group_norm = GroupNorm(groups, channels, 1e-6, param_dtype=param_dtype)
+        self.to_q = nnx.Linear(channels, channels, **kw)
+        self.to_k = nnx.Linear(channels, channels, **kw)
+        self.to_v = nnx.Linear(channels, channels, **kw)
+        self.to_out = nnx.List([nnx.Linear(channels, channels, **kw)])
+
+    def __call__(self, x):
+        frames = x.shape[1] if x.ndim == 5 else 1
+        tokens = self.group_norm(x).reshape(x.shape[0], -1, x.shape[-1])
+        out = blocked_attention(self.to_q(tokens), self.to_k(tokens), self.to_v(tokens), frames=frames)
+        return self.to_out[0](out).reshape(x.shape) + x

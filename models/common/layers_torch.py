@@ -31,3 +31,29 @@ class GroupNorm(nn.GroupNorm):
 
     def forward(self, x):
         return F.group_norm(x.float(), self.num_groups, self.weight.float(), self.bias.float(), self.eps).to(x.dtype)
+
+
+class Attention(nn.Module):
+    """diffusers' Attention as the VAEs' mid blocks configure it: GroupNorm first, one head as wide as the channels,
+    the input added back. Over an image's pixels (B, C, H, W), or a clip's (B, C, T, H, W) where a token sees its own
+    and earlier frames (HunyuanVideo's mask, built from frame indices); softmax in float32."""
+
+    def __init__(self, channels, groups):
+        super().__init__()
+        self.group_norm = GroupNorm(groups, channels, eps=1e-6)
+        self.to_q = nn.Linear(channels, channels)
+        self.to_k = nn.Linear(channels, channels)
+        self.to_v = nn.Linear(channels, channels)
+        self.to_out = nn.ModuleList([nn.Linear(channels, channels)])
+
+    def forward(self, x):
+        channels_last = (x.shape[0], *x.shape[2:], x.shape[1])
+        tokens = self.group_norm(x).movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
+        frames = x.shape[2] if x.ndim == 5 else 1
+        sees = None  # one frame: every token sees every other (no mask, so the torchax runtime computes it in blocks)
+        if frames > 1:
+            frame = torch.arange(frames, device=x.device).repeat_interleave(tokens.shape[1] // frames)
+            sees = frame[None, :] <= frame[:, None]  # (query, key)
+        q, k, v = (proj(tokens).unsqueeze(1) for proj in (self.to_q, self.to_k, self.to_v))
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=sees).to(x.dtype)
+        return self.to_out[0](out.squeeze(1)).reshape(channels_last).movedim(-1, 1) + x

@@ -16,10 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..common.attention import blocked_attention
 from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import GroupNorm
+from ..common.layers_flax import Attention, GroupNorm
 from ..common.steps_flax import run_clip
 from ..common.tiling import TilingMixin
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
@@ -90,25 +89,6 @@ class HunyuanVideoResnetBlockCausal3D(nnx.Module):
         h = self.conv1(jax.nn.silu(self.norm1(x)))
         h = self.conv2(jax.nn.silu(self.norm2(h)))
         return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
-
-
-class Attention(nnx.Module):
-    """diffusers' Attention as the mid blocks configure it: GroupNorm first, one head as wide as the channels, q/k/v
-    and an output projection with biases, the input added back."""
-
-    def __init__(self, channels, groups, *, rngs, param_dtype):
-        kw = dict(kernel_init=nnx.initializers.zeros, rngs=rngs, param_dtype=param_dtype)
-        self.group_norm = GroupNorm(groups, channels, 1e-6, param_dtype=param_dtype)
-        self.to_q = nnx.Linear(channels, channels, **kw)
-        self.to_k = nnx.Linear(channels, channels, **kw)
-        self.to_v = nnx.Linear(channels, channels, **kw)
-        self.to_out = nnx.List([nnx.Linear(channels, channels, **kw)])
-
-    def __call__(self, x):
-        b, t, h, w, c = x.shape
-        tokens = self.group_norm(x).reshape(b, t * h * w, c)
-        out = blocked_attention(self.to_q(tokens), self.to_k(tokens), self.to_v(tokens), frames=t)
-        return self.to_out[0](out).reshape(b, t, h, w, c) + x
 
 
 class HunyuanVideoMidBlock3D(nnx.Module):

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_video
-from ..common.layers_torch import GroupNorm, pad_edges
+from ..common.layers_torch import Attention, GroupNorm, pad_edges
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
@@ -75,29 +75,6 @@ class HunyuanVideoResnetBlockCausal3D(nn.Module):
         h = self.conv1(F.silu(self.norm1(x)))
         h = self.conv2(F.silu(self.norm2(h)))
         return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
-
-
-class Attention(nn.Module):
-    """diffusers' Attention as the mid blocks configure it: GroupNorm first, one head as wide as the channels, a
-    token seeing the tokens of its own and earlier frames, the input added back."""
-
-    def __init__(self, channels, groups):
-        super().__init__()
-        self.group_norm = GroupNorm(groups, channels, eps=1e-6)
-        self.to_q = nn.Linear(channels, channels)
-        self.to_k = nn.Linear(channels, channels)
-        self.to_v = nn.Linear(channels, channels)
-        self.to_out = nn.ModuleList([nn.Linear(channels, channels)])
-
-    def forward(self, x):
-        b, c, t, h, w = x.shape
-        tokens = self.group_norm(x).permute(0, 2, 3, 4, 1).reshape(b, t * h * w, c)
-        frame = torch.arange(t, device=x.device).repeat_interleave(h * w)
-        sees = frame[None, :] <= frame[:, None]  # (query, key)
-        q, k, v = (proj(tokens).unsqueeze(1) for proj in (self.to_q, self.to_k, self.to_v))
-        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=sees).to(x.dtype)
-        out = self.to_out[0](out.squeeze(1))
-        return out.reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3) + x
 
 
 class HunyuanVideoMidBlock3D(nn.Module):
