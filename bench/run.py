@@ -330,12 +330,14 @@ class CompileOnlyStep:
         from jax.sharding import NamedSharding
         from jax.sharding import PartitionSpec as P
 
-        from converter.models.common.sharding import ACTIVATIONS
+        from converter.models.common.sharding import activation_spec
 
         def spec(value, sharding=None):
             return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
 
-        replicated, activations = (NamedSharding(mesh, P()), NamedSharding(mesh, ACTIVATIONS)) if mesh else (None, None)
+        replicated, activations = (
+            (NamedSharding(mesh, P()), NamedSharding(mesh, activation_spec(x.ndim))) if mesh else (None, None)
+        )
         key = (part, tuple(x.shape), cache is None)
         if key not in self.compiled:
             args = (
@@ -361,13 +363,13 @@ def _cache_frames(out_info) -> tuple[int, int]:
     return max((leaf.shape[1] for leaf in leaves), default=0), sum(leaf.size * leaf.dtype.itemsize for leaf in leaves)
 
 
-def task_compile(model: str, layouts: list[str], smoke: bool) -> dict:
+def task_compile(model: str, layouts: list[str], smoke: bool, size: list[int] | None = None) -> dict:
     """Every encode and decode step of the video compiled in each layout, none run (one process, so the imports and
     the abstract model are paid once): {layout: the layout's measurements}."""
-    return {layout: _compile_layout(model, layout, smoke) for layout in layouts}
+    return {layout: _compile_layout(model, layout, smoke, size) for layout in layouts}
 
 
-def _compile_layout(model: str, layout: str, smoke: bool) -> dict:
+def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None = None) -> dict:
     """Per part: the step shapes, the compile time, XLA's memory analysis per device (the largest over the steps)
     and the causal cache (all devices)."""
     import jax
@@ -387,6 +389,8 @@ def _compile_layout(model: str, layout: str, smoke: bool) -> dict:
     batch = mesh_shape[0] if mesh_shape else 1  # a batch "dp" splits
     channels = entry.family.validation_video_shape(config)[1]
     _, c, t, h, w = SMOKE_VIDEO if smoke else (1, channels, *entry.family.native_video)
+    if size:  # --compile-size: another height and width than the native video's
+        h, w = size
     if mesh_shape:  # the latent's width must split over "tp": the native width rounded up to where it does
         ratio = entry.family.validation_video_shape(config)[-1] // entry.family.validation_latent_shape(config)[-1]
         w = -(-w // (ratio * mesh_shape[1])) * ratio * mesh_shape[1]
@@ -500,11 +504,13 @@ def _vae_convert(*args):
 FLAX_SAFETENSORS = ("--to", "flax", "--format", "safetensors", "--no-validate")
 
 
-def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str], compile_only=False) -> dict:
+def measure_model(
+    model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str], compile_only=False, size=None
+) -> dict:
     latent, video = shapes
     _SPENT.clear()
     if compile_only:  # no weights: compiling needs the abstract model only
-        return {"compile": _compile(model, layouts, smoke), "bench_seconds": dict(_SPENT)}
+        return {"compile": _compile(model, layouts, smoke, size), "bench_seconds": dict(_SPENT)}
     made = time.perf_counter()
     source = work / f"{model}-source"
     _vae_convert("random-checkpoint", model, source, *(["--small"] if smoke else []))
@@ -559,15 +565,15 @@ def measure_model(model: str, shapes: tuple, work: Path, smoke: bool, layouts: l
     for impl, parts in steady.items():
         for part, seconds in parts.items():
             result["run"][impl][part]["steady"] = seconds
-    result["compile"] = _compile(model, layouts, smoke)
+    result["compile"] = _compile(model, layouts, smoke, size)
     result["bench_seconds"] = dict(_SPENT)
     return result
 
 
-def _compile(model: str, layouts: list[str], smoke: bool) -> dict:
+def _compile(model: str, layouts: list[str], smoke: bool, size: list[int] | None = None) -> dict:
     devices = {"XLA_FLAGS": xla_flags_with_devices(SIMULATED_DEVICES)}
     fitting = [layout for layout in layouts if _fits(LAYOUTS[layout])]
-    return _task("compile", env=devices, model=model, layouts=fitting, smoke=smoke) if fitting else {}
+    return _task("compile", env=devices, model=model, layouts=fitting, smoke=smoke, size=size) if fitting else {}
 
 
 def _fits(mesh_shape: tuple | None) -> bool:
@@ -719,7 +725,7 @@ def compile_table(results: dict) -> list[str]:
         f"(Flax, float32; {devices}). Memory is XLA's analysis per device, the "
         "largest over the steps; the cache is the causal cache a step passes on, over all devices.",
         "",
-        "| model | layout | batch | part | input (B, T, H, W, C) | step shapes | compile, slowest step | arguments "
+        "| model | layout | batch | part | input (channels-last) | step shapes | compile, slowest step | arguments "
         "| outputs | temporaries | cache |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -765,6 +771,9 @@ def main():
     parser.add_argument("--models", nargs="*", help="default: all (one in --smoke)")
     parser.add_argument("--layouts", nargs="*", choices=list(LAYOUTS), help="compile-only layouts; default: all")
     parser.add_argument("--compile-only", action="store_true", help="only the compile-only rows (no weights)")
+    parser.add_argument(
+        "--compile-size", nargs=2, type=int, metavar=("HEIGHT", "WIDTH"), help="compile-only rows at this size"
+    )
     parser.add_argument("--task", help=argparse.SUPPRESS)
     args, rest = parser.parse_known_args()
     if args.task:
@@ -784,7 +793,7 @@ def main():
             model_work = Path(work) / model
             model_work.mkdir()
             results["models"][model] = measure_model(
-                model, measured[model], model_work, args.smoke, layouts, args.compile_only
+                model, measured[model], model_work, args.smoke, layouts, args.compile_only, args.compile_size
             )
             shutil.rmtree(model_work)  # its files would crowd the next model's out of the page cache
     args.out.mkdir(parents=True, exist_ok=True)

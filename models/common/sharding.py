@@ -19,6 +19,11 @@ IMAGE_ACTIVATIONS = P("dp", None, "tp", None)  # (B, H, W, C)
 PARAMETERS = P()  # replicated
 
 
+def activation_spec(ndim: int) -> P:
+    """How activations split over the mesh: a video's (B, T, H, W, C), or an image's (B, H, W, C)."""
+    return ACTIVATIONS if ndim == 5 else IMAGE_ACTIVATIONS
+
+
 def auto_axes(mesh: Mesh | None) -> Mesh | None:
     if mesh is None or all(t == AxisType.Auto for t in mesh.axis_types):
         return mesh
@@ -36,7 +41,7 @@ def shard_activations(x, mesh: Mesh | None):
                 f"(mesh {dict(mesh.shape)}): use a {size} that is a multiple of {devices}, or a mesh with "
                 f"{name}={_divisor(x.shape[axis], devices)}"
             )
-    return place(x, NamedSharding(mesh, ACTIVATIONS if x.ndim == 5 else IMAGE_ACTIVATIONS))
+    return place(x, NamedSharding(mesh, activation_spec(x.ndim)))
 
 
 def _divisor(n: int, devices: int) -> int:
