@@ -40,7 +40,7 @@ RULE_FIELDS = {"name", "match", "to", "lookup", "transpose", "squeeze", "reshape
 DROP_FIELDS = {"name", "match"}
 FORMAT_FIELDS = {"about", "model", "pairings", "signature", "container", "config", "lookups", "rules", "drop"}
 CONFIG_SOURCES = ("metadata", "folder")  # where a format's files keep their config (`config:`), besides none
-CONTAINER_FIELDS = {"wrapper"}
+CONTAINER_FIELDS = {"wrapper", "optional"}
 LAYOUT_OPS = ("transpose", "squeeze", "reshape")
 MAPPINGS_DIR = Path(str(importlib.resources.files("converter.mappings")))
 
@@ -81,6 +81,11 @@ class SourceFormat:
     # where the files keep their config: "metadata" (the safetensors header's, which the family's spec translates);
     # None: the model's config applies
     config_from: str | None = None
+    wrapper_optional: bool = False  # the files keep their tensors under `wrapper` or at the top level (safetensors)
+
+    def packs(self, wrapper: str | None) -> bool:
+        """Whether files of this format keep their tensors as one does under `wrapper` (None: at the top level)."""
+        return wrapper == self.wrapper or (self.wrapper_optional and wrapper is None)
 
     @property
     def renames(self) -> bool:
@@ -165,7 +170,12 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
     signature, signature_ranks = _signature(where, name, raw.get("signature"))
     container = raw.get("container", {"__line__": raw["__line__"]})
     if not isinstance(container, dict) or set(container) - CONTAINER_FIELDS - {"__line__"}:
-        raise MappingError(f"{where}: 'container' takes only 'wrapper' (the key the tensors are kept under)")
+        raise MappingError(
+            f"{where}: 'container' takes only 'wrapper' (the key the tensors are kept under) and 'optional' (true: or "
+            "at the top level)"
+        )
+    if not isinstance(container.get("optional", False), bool):
+        raise MappingError(f"{where}: the container's 'optional' is true or false, got {shown(container['optional'])}")
     lookups = raw.get("lookups", {})
     if not isinstance(lookups, dict) or not all(isinstance(t, dict) for k, t in lookups.items() if k != "__line__"):
         raise MappingError(f"{where}: 'lookups' must map table names to tables (index: replacement)")
@@ -192,6 +202,7 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
         signature=signature,
         signature_ranks=signature_ranks,
         wrapper=container.get("wrapper"),
+        wrapper_optional=container.get("optional", False),
         rules=rules,
         drops=drops,
         where=where,

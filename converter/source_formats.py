@@ -68,7 +68,7 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
     fitting = [k for k in known if k.fmt.fits(shapes)]
     if not fitting:
         raise InputError(f"{shown}: {_no_fit(known, shapes)}")
-    packed_alike = [k for k in fitting if k.fmt.wrapper == weights.wrapper]
+    packed_alike = [k for k in fitting if k.fmt.packs(weights.wrapper)]
     if len(fitting) > 1 and len(packed_alike) == 1:  # a release of diffusers' own keys, told apart by its container
         fitting = packed_alike
     knowing = [k for k in fitting if all(map(k.knows, shapes))]
@@ -121,7 +121,7 @@ def _first(keys: list[str], n: int = 3) -> str:
 
 
 def _checked_container(fmt: mapping.SourceFormat, weights, shown: str) -> mapping.SourceFormat:
-    if fmt.wrapper != weights.wrapper:
+    if not fmt.packs(weights.wrapper):
         declared = f"keeps its tensors under {fmt.wrapper!r}" if fmt.wrapper else "keeps its tensors at the top level"
         found = f"under {weights.wrapper!r}" if weights.wrapper else "at the top level, with no wrapper"
         raise InputError(f"{shown}: {fmt.name} {declared} ({fmt.where}), but this file has them {found}")

@@ -25,7 +25,7 @@ INDEX_NAME = WEIGHTS_NAME + ".index.json"
 REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
 
 
-PICKLE_SUFFIXES = (".pth", ".pt", ".bin")
+PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
 
 
 @dataclasses.dataclass
@@ -303,7 +303,7 @@ def _from_path(path: Path) -> Source:
             return Source(_shards(path), _config_beside(path), str(path), config_file=_config_path_beside(path))
         if path.suffix != ".safetensors" and path.suffix not in PICKLE_SUFFIXES:
             raise InputError(
-                f"{path}: not a checkpoint this tool reads (expected .safetensors, .pth/.pt/.bin, a "
+                f"{path}: not a checkpoint this tool reads (expected .safetensors, .pth/.pt/.bin/.ckpt, a "
                 f"sharded index or a diffusers folder)"
             )
         return Source([path], _config_beside(path), str(path), config_file=_config_path_beside(path))

@@ -69,10 +69,17 @@ def test_legacy_attention_names_convert_to_what_diffusers_loads(checkpoint, tmp_
     assert got.keys() == loaded.keys() and all(torch.equal(got[k], loaded[k]) for k in loaded)
 
 
-@pytest.mark.parametrize(("fmt", "which"), [("ldm-checkpoint", "default-arch"), ("sd3-checkpoint", "sd3-layout")])
-def test_the_vae_of_a_whole_checkpoint_converts_and_the_rest_is_dropped(tmp_path, fmt, which):
-    """sd_xl_base_1.0.safetensors, sd3_medium.safetensors: the VAE under first_stage_model. beside the UNet or
-    transformer and the text encoders, which are counted by the drop rule that takes them."""
+@pytest.mark.parametrize(
+    ("fmt", "which", "file_name"),
+    [
+        ("ldm-checkpoint", "default-arch", "v1-5-pruned-emaonly.ckpt"),
+        ("sd3-checkpoint", "sd3-layout", "sd3.safetensors"),
+    ],
+)
+def test_the_vae_of_a_whole_checkpoint_converts_and_the_rest_is_dropped(tmp_path, fmt, which, file_name):
+    """v1-5-pruned-emaonly.ckpt (its tensors under `state_dict`, beside the training step), sd3_medium.safetensors:
+    the VAE under first_stage_model. beside the UNet or transformer and the text encoders, which are counted by the
+    drop rule that takes them."""
     name, config = small(KL, which)
     config = {**config, **KL.testing().original_files["ldm"].config_changes}
     state = save_diffusers(KL, tmp_path / "diffusers", config).state_dict()
@@ -80,8 +87,11 @@ def test_the_vae_of_a_whole_checkpoint_converts_and_the_rest_is_dropped(tmp_path
         "model.diffusion_model.input_blocks.0.0.weight": torch.zeros(8, 4, 3, 3),
         "conditioner.embedders.0.transformer.text_model.embeddings.token_embedding.weight": torch.zeros(16, 8),
     }
-    whole = tmp_path / "checkpoint.safetensors"
-    save_file({**as_released(state, fmt, KL), **others}, whole)
+    whole, tensors = tmp_path / file_name, {**as_released(state, fmt, KL), **others}
+    if whole.suffix == ".ckpt":
+        torch.save({"state_dict": tensors, "global_step": 840000}, whole)
+    else:
+        save_file(tensors, whole)
     config_file = tmp_path / "diffusers" / "config.json"
     result = run_cli(name, "--source", whole, "--config", config_file, "--to", "flax", "--out", tmp_path / "o")
     run_cli(name, "--source", tmp_path / "diffusers", "--to", "flax", "--out", tmp_path / "d", "--no-validate")
