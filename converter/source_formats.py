@@ -2,8 +2,9 @@
 and its tensors under diffusers' names, which is what the target rules and the validation read.
 
 A format is recognised from the keys (its `signature`) and, where formats share their keys, from how the file packs
-them (its `container`) or from which format's rules know every key, or named with --source-format; a file of
-another family's format, or of another VAE variant, is told apart from a damaged one, and named."""
+them (its `container`) or, among one family's formats, from which one's rules know every key, or named with
+--source-format; a file of another family's format, or of another VAE variant, is told apart from a damaged one,
+and named."""
 
 from __future__ import annotations
 
@@ -71,8 +72,10 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
     packed_alike = [k for k in fitting if k.fmt.packs(weights.wrapper)]
     if len(fitting) > 1 and len(packed_alike) == 1:  # a release of diffusers' own keys, told apart by its container
         fitting = packed_alike
+    # formats of one family that share their signature keys (diffusers' layout and its old attention names, an SD
+    # checkpoint and an SD3 one): the one whose rules know every key; formats of two families stay for the user to name
     knowing = [k for k in fitting if all(map(k.knows, shapes))]
-    if len(fitting) > 1 and len(knowing) == 1:  # a layout that renames a few of diffusers' keys (old attention names)
+    if len(fitting) > 1 and len({k.family.name for k in fitting}) == 1 and len(knowing) == 1:
         fitting = knowing
     if len(fitting) > 1:
         names = ", ".join(f"{k.fmt.name} ({k.family.name})" for k in fitting)
