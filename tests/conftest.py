@@ -138,6 +138,21 @@ def caches(tmp_path_factory):
         yield
 
 
+@pytest.fixture(scope="module", autouse=True)
+def released_executables():
+    """Each module's compiled programs are let go after it. XLA:CPU keeps memory maps for every executable it has
+    compiled, and a test worker that ran hundreds of models reached the kernel's limit on one process's maps
+    (vm.max_map_count, 65,530 on this project's machines; 63,560 seen in a worker), where the next compile
+    segfaulted (in a Wan torchax step, an LTX Flax step: wherever a worker happened to be)."""
+    yield
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+
+
 @pytest.fixture(scope="session")
 def wan_small(tmp_path_factory):
     """A small Wan checkpoint saved by diffusers (the default architecture at small widths), and the model."""
