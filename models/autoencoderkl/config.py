@@ -63,10 +63,6 @@ class AutoencoderKLConfig(DiffusersConfig):
         """Pixels per latent along each side: every level but the last halves the image."""
         return 2 ** (len(self.block_out_channels) - 1)
 
-    @property
-    def decoder_block_out_channels(self) -> tuple[int, ...]:
-        return self.block_out_channels
-
     def ensure_supported(self):
         if self.act_fn not in ("silu", "swish"):
             raise ConfigError(f"config.json: act_fn {self.act_fn!r} is not supported (silu only)")
@@ -75,9 +71,9 @@ class AutoencoderKLConfig(DiffusersConfig):
         if set(self.up_block_types) != {"UpDecoderBlock2D"}:
             raise ConfigError("config.json: only UpDecoderBlock2D up blocks are supported")
         levels = len(self.block_out_channels)
-        if not len(self.down_block_types) == len(self.up_block_types) == len(self.decoder_block_out_channels) == levels:
+        if not len(self.down_block_types) == len(self.up_block_types) == levels:
             raise ConfigError("config.json: the block types and block_out_channels differ in length")
-        if any(c % self.norm_num_groups for c in (*self.block_out_channels, *self.decoder_block_out_channels)):
+        if any(c % self.norm_num_groups for c in self.block_out_channels):
             raise ConfigError("config.json: norm_num_groups must divide every block_out_channels entry")
         for name in ("latents_mean", "latents_std"):
             stats = getattr(self, name)

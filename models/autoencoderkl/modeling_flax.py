@@ -159,7 +159,7 @@ class Decoder(nnx.Module):
     def __init__(self, config: AutoencoderKLConfig, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         groups = config.norm_num_groups
-        channels = list(reversed(config.decoder_block_out_channels))
+        channels = list(reversed(config.block_out_channels))
         self.conv_in = conv2d(config.latent_channels, channels[0], 3, **kw)
         self.mid_block = UNetMidBlock2D(channels[0], groups, config.mid_block_add_attention, **kw)
         self.up_blocks = nnx.List(

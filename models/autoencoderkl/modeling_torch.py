@@ -139,7 +139,7 @@ class Decoder(nn.Module):
     def __init__(self, config: AutoencoderKLConfig):
         super().__init__()
         groups = config.norm_num_groups
-        channels = list(reversed(config.decoder_block_out_channels))
+        channels = list(reversed(config.block_out_channels))
         self.conv_in = nn.Conv2d(config.latent_channels, channels[0], 3, padding=1)
         self.mid_block = UNetMidBlock2D(channels[0], groups, config.mid_block_add_attention)
         self.up_blocks = nn.ModuleList(
