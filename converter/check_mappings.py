@@ -124,10 +124,11 @@ def _not_invertible(assignments, source: dict, leaves: dict) -> list[str]:
 def _check_format(rules, fmt, configs, pairings: list[Path] | None) -> FormatReport:
     """A format's signature and, against its pairings file, every rule. Diffusers' own layout has no rules: its
     signature keys must be keys of every registered config."""
-    if not fmt.renames:
+    if not fmt.renames:  # a format of one model's class (`model:`) need fit that class's configs only
         problems = [
             f"signature key {key!r} ({fmt.where}) is not a key of config {name}, or of another rank"
             for name, family, config in configs
+            if fmt.model is None or family is MODELS[fmt.model].family
             for key in fmt.unfit_signature(targets.diffusers_shapes(family, config))
         ]
         return FormatReport(fmt.name, False, None, 0, [], problems)

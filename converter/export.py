@@ -28,7 +28,7 @@ from converter.report import Summary, failure_message, no_progress, record_valid
 from converter.runners import TorchRunner
 from converter.safetensors_io import SafetensorsFile
 from converter.sources import ensure_weights_fit_config
-from converter.targets import DTYPES, TARGETS, diffusers_shapes, load_output, read_output
+from converter.targets import DTYPES, TARGETS, diffusers_specs, load_output, read_output
 
 FLAX, TORCHAX = TARGETS["flax"], TARGETS["torchax"]
 
@@ -59,10 +59,11 @@ def export(req: ExportRequest) -> Summary:
     dtype = source_dtype if req.dtype == "auto" else DTYPES[req.dtype]
 
     leaves = {_dotted(k): v for k, v in FLAX.read_weights(source, info.fmt).items()}
-    _ensure_leaves_fit(source, leaves, FLAX.leaf_shapes(family, config), source_dtype)
+    _ensure_leaves_fit(source, leaves, family, config, source_dtype)
     mapping_path = mapping.MAPPINGS_DIR / family.mapping_file
     rules = mapping.load_mapping(mapping_path)
-    shapes = diffusers_shapes(family, config)
+    diffusers = diffusers_specs(family, config)
+    shapes = {key: shape for key, (shape, _) in diffusers.items()}
     assignments = mapping.plan(rules, FLAX.name, shapes, {k: tuple(v.shape) for k, v in leaves.items()})
 
     with folder as work:
@@ -75,7 +76,8 @@ def export(req: ExportRequest) -> Summary:
             mapping={"file": mapping_path.name, "sha256": hashlib.sha256(mapping_path.read_bytes()).hexdigest()},
             source={"origin": str(source), "exported_from": "flax", "flax_output": _provenance(manifest)},
         )
-        specs = {key: (shape, dtype) for key, shape in shapes.items()}
+        # counts keep diffusers' integer dtype, every weight takes the export's
+        specs = {key: (shape, _kept(kept, dtype)) for key, (shape, kept) in diffusers.items()}
         folder.needed = specs_bytes(specs)
         writer = TORCHAX.open_writer("safetensors", work, specs, {"format": "pt", "vae_convert": record})
         by_key = {a.source_key: a for a in assignments}
@@ -83,7 +85,8 @@ def export(req: ExportRequest) -> Summary:
             for key in req.progress(list(shapes), "exporting"):
                 a = by_key[key]
                 leaf = np.asarray(leaves.pop(a.target_key))
-                writer.write(key, mapping.apply_ops(mapping.inverse_ops(a.rule.ops, specs[key][0]), leaf).astype(dtype))
+                layout = mapping.apply_ops(mapping.inverse_ops(a.rule.ops, specs[key][0]), leaf)
+                writer.write(key, layout.astype(specs[key][1]))
             writer.close()
         except OSError as e:
             raise cannot_write(work.parent, e, folder.needed) from None
@@ -95,19 +98,25 @@ def export(req: ExportRequest) -> Summary:
     if failed:
         raise ValidationError(f"{failure_message(failed)}; kept at {folder.out} because of --keep-invalid")
     parameters = sum(int(np.prod(shape)) for shape, _ in specs.values())
-    nbytes = parameters * dtype.itemsize
     return Summary(
-        folder.out, "diffusers", "safetensors", dtype.name, len(specs), parameters, nbytes,
+        folder.out, "diffusers", "safetensors", dtype.name, len(specs), parameters, specs_bytes(specs),
         time.monotonic() - started, comparisons,
     )  # fmt: skip
+
+
+def _kept(diffusers_dtype: np.dtype, dtype: np.dtype) -> np.dtype:
+    """The dtype a diffusers key is written in for an output of `dtype`: a count keeps its own."""
+    return diffusers_dtype if diffusers_dtype.kind in "iu" else dtype
 
 
 def _dotted(path) -> str:
     return path if isinstance(path, str) else ".".join(map(str, path))
 
 
-def _ensure_leaves_fit(source: Path, leaves: dict, expected: dict, dtype):
-    """The state on disk against the model its config describes: every leaf there, none extra, each its shape."""
+def _ensure_leaves_fit(source: Path, leaves: dict, family, config, dtype):
+    """The state on disk against the model its config describes: every leaf there, none extra, each its shape, each
+    of `dtype` (a count of its own integer dtype)."""
+    expected, counts = FLAX.leaf_shapes(family, config), FLAX.integer_leaves(family, config)
     missing, extra = sorted(set(expected) - set(leaves)), sorted(set(leaves) - set(expected))
     if missing or extra:
         raise InputError(
@@ -119,8 +128,8 @@ def _ensure_leaves_fit(source: Path, leaves: dict, expected: dict, dtype):
             raise InputError(
                 f"{source}: leaf {key!r} has shape {list(leaf.shape)}, the config implies {list(expected[key])}"
             )
-        if np.dtype(leaf.dtype) != dtype:
-            raise InputError(f"{source}: leaf {key!r} is {leaf.dtype}, the manifest says {dtype.name}")
+        if np.dtype(leaf.dtype) != counts.get(key, dtype):
+            raise InputError(f"{source}: leaf {key!r} is {leaf.dtype}, the output's dtype for it is {dtype.name}")
 
 
 def _provenance(manifest: dict) -> dict:
@@ -152,18 +161,23 @@ def _copy_diffusers_output(req, info, folder: OutputFolder, started: float) -> S
     with folder as work:
         _copy_regular_file(source / name, work / name)
         weights = SafetensorsFile(work / name, shown=source / name)
-        expected = diffusers_shapes(info.family, info.config)
-        ensure_weights_fit_config(info.family, expected, weights, f"{source / name}: ")
-        wrong = next((k for k, (_, dtype) in weights.specs.items() if dtype != info.dtype), None)
+        expected = diffusers_specs(info.family, info.config)
+        ensure_weights_fit_config(
+            info.family, {k: shape for k, (shape, _) in expected.items()}, weights, f"{source / name}: "
+        )
+        wrong = next((k for k, (_, dtype) in weights.specs.items() if dtype != _kept(expected[k][1], info.dtype)), None)
         if wrong is not None:
-            raise InputError(f"{source / name}: {wrong} is {weights.specs[wrong][1]}, the manifest says {info.dtype}")
+            raise InputError(
+                f"{source / name}: {wrong} is {weights.specs[wrong][1]}, the output's dtype for it is "
+                f"{_kept(expected[wrong][1], info.dtype)}"
+            )
         write_json(work / "config.json", info.config.to_dict())
         write_json(work / MANIFEST, manifest)
         folder.commit()
     parameters = sum(math.prod(shape) for shape, _ in weights.specs.values())
     return Summary(
         folder.out, "diffusers", "safetensors", info.dtype.name, len(weights.specs), parameters,
-        parameters * info.dtype.itemsize, time.monotonic() - started, [],
+        specs_bytes(weights.specs), time.monotonic() - started, [],
     )  # fmt: skip
 
 
@@ -189,13 +203,14 @@ def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path
     fmt = FLAX.default_format(fmt)
     _, state = nnx.split(vae)
     leaves = {_dotted(p): compat.variable_value(v) for p, v in nnx.to_flat_state(state)}
-    dtypes = {np.dtype(v.dtype) for v in leaves.values()}
+    counts = FLAX.integer_leaves(family, vae.config)
+    dtypes = {np.dtype(v.dtype) for k, v in leaves.items() if k not in counts}
     if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPES.values():
         raise InputError(
             f"save: the parameters must share one of {', '.join(DTYPES)}; found {sorted(map(str, dtypes))}"
         )
     dtype = dtypes.pop()
-    _ensure_leaves_fit(Path("<memory>"), leaves, FLAX.leaf_shapes(family, vae.config), dtype)
+    _ensure_leaves_fit(Path("<memory>"), leaves, family, vae.config, dtype)
     folder = OutputFolder(Path(path), force)
     folder.check()
     record = new_manifest(
@@ -207,7 +222,7 @@ def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path
         source={"origin": f"{type(vae).__name__} in memory", "saved_from": "memory"},
     )
     with folder as work:
-        specs = {key: (tuple(v.shape), dtype) for key, v in leaves.items()}
+        specs = {key: (tuple(v.shape), np.dtype(v.dtype)) for key, v in leaves.items()}
         folder.needed = specs_bytes(specs)
         try:
             writer = FLAX.open_writer(fmt, work, specs, {"vae_convert": record})

@@ -15,7 +15,8 @@ each source key matched by exactly one rule, each target leaf filled exactly onc
 `source_formats` holds, per checkpoint layout a user may bring (diffusers' own, the original releases), how to
 recognise it (`signature`: keys only it has, a key written `{key: rank}` where another class has it at another
 rank), how it is packed (`container`), `rules` renaming its keys to diffusers' keys (none: the keys are diffusers'
-already) and `drop` rules for tensors that are no model weights. The target rules then apply to the renamed keys,
+already), `drop` rules for tensors that are no model weights, and `absent`: counts a format's files may lack, with
+the value diffusers' loader gives them. The target rules then apply to the renamed keys,
 so one set of target rules serves every format.
 """
 
@@ -38,7 +39,7 @@ from converter.registry import MODELS
 TOP_FIELDS = {"family", "patterns", "targets", "source_formats"}
 RULE_FIELDS = {"name", "match", "to", "lookup", "transpose", "squeeze", "reshape"}
 DROP_FIELDS = {"name", "match"}
-FORMAT_FIELDS = {"about", "model", "pairings", "signature", "container", "config", "lookups", "rules", "drop"}
+FORMAT_FIELDS = {"about", "model", "pairings", "signature", "container", "config", "lookups", "rules", "drop", "absent"}
 CONFIG_SOURCES = ("metadata", "folder")  # where a format's files keep their config (`config:`), besides none
 CONTAINER_FIELDS = {"wrapper", "optional"}
 LAYOUT_OPS = ("transpose", "squeeze", "reshape")
@@ -82,6 +83,9 @@ class SourceFormat:
     # None: the model's config applies
     config_from: str | None = None
     wrapper_optional: bool = False  # the files keep their tensors under `wrapper` or at the top level (safetensors)
+    # diffusers keys of counts the files may lack -> the value diffusers' loader gives them (BatchNorm's count of
+    # batches: PyTorch loads a file without it as 0)
+    absent: dict = dataclasses.field(default_factory=dict)
 
     def packs(self, wrapper: str | None) -> bool:
         """Whether files of this format keep their tensors as one does under `wrapper` (None: at the top level)."""
@@ -191,6 +195,11 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
         raise MappingError(f"{where}: 'model' of source format {name!r} is {shown(model)}, not a model name")
     if pairings is not None and (not isinstance(pairings, str) or Path(pairings).name != pairings):
         raise MappingError(f"{where}: 'pairings' of source format {name!r} must be a file name, got {shown(pairings)}")
+    absent = raw.get("absent", {})
+    if not isinstance(absent, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) for k, v in absent.items() if k != "__line__"
+    ):
+        raise MappingError(f"{where}: 'absent' of source format {name!r} maps diffusers keys to whole numbers")
     config = raw.get("config")
     if config is not None and config not in CONFIG_SOURCES:
         raise MappingError(f"{where}: 'config' of source format {name!r} must be one of {list(CONFIG_SOURCES)}")
@@ -207,6 +216,7 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
         drops=drops,
         where=where,
         config_from=config,
+        absent={str(k): v for k, v in absent.items() if k != "__line__"},
     )
 
 
@@ -412,8 +422,17 @@ def match_keys(mapping: Mapping, target: str, source: dict[str, tuple], target_s
 
 
 def rename_keys(mapping: Mapping, fmt: SourceFormat, source: dict[str, tuple], diffusers: dict[str, tuple]) -> Match:
-    """A source format's rules applied to a file's keys, against diffusers' keys and shapes for the config."""
-    return match_rules(fmt.rules, fmt.drops, source, diffusers, f"{mapping.path.name} [{fmt.name}]", "diffusers")
+    """A source format's rules applied to a file's keys, against diffusers' keys and shapes for the config; a count
+    the format lets its files lack is not asked of a file that lacks it."""
+    lacking = lacking_counts(fmt, source, diffusers)
+    expected = {k: shape for k, shape in diffusers.items() if k not in lacking}
+    return match_rules(fmt.rules, fmt.drops, source, expected, f"{mapping.path.name} [{fmt.name}]", "diffusers")
+
+
+def lacking_counts(fmt: SourceFormat, source: dict[str, tuple], diffusers: dict) -> dict[str, int]:
+    """The format's `absent` counts that diffusers' model has and the file's keys do not give, with their values."""
+    supplied = renamed_shapes(fmt, source) if fmt.absent else {}
+    return {k: v for k, v in fmt.absent.items() if k in diffusers and k not in supplied}
 
 
 def renamed_shapes(fmt: SourceFormat, source: dict[str, tuple]) -> dict[str, tuple]:

@@ -21,7 +21,7 @@ from converter.models.common.config import ConfigError
 from converter.output import MANIFEST, OutputFolder, cannot_write, new_manifest, specs_bytes, write_json
 from converter.registry import ModelEntry, command_for_config, config_from_dict, family_for_class, model_for
 from converter.report import Summary, failure_message, no_progress, record_validation, silent
-from converter.targets import DTYPES, Target, diffusers_shapes, load_output
+from converter.targets import DTYPES, Target, diffusers_shapes, diffusers_specs, load_output
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -67,6 +67,7 @@ class Plan:
     dropped: dict  # drop rule name -> {"tensors", "bytes"}
     config_origin: str  # where the config came from, in words
     inferred: list[str]  # config fields the tensors gave in place of the named model's
+    filled: dict = dataclasses.field(default_factory=dict)  # diffusers key the file lacks -> the count it was given
 
     def inferred_line(self) -> str | None:
         if not self.inferred:
@@ -87,8 +88,11 @@ class Plan:
             f"; dropped {d['tensors']} tensor(s) by rule {name} ({d['bytes'] / 1e6:.1f} MB)"
             for name, d in self.dropped.items()
         )
+        filled = "".join(
+            f"; {key} absent: {value}, as diffusers' loader gives it" for key, value in self.filled.items()
+        )
         renamed = f"keys renamed to diffusers', config from {self.config_origin}"
-        return f"source format: {fmt.name} ({fmt.about}): {renamed}{dropped}"
+        return f"source format: {fmt.name} ({fmt.about}): {renamed}{dropped}{filled}"
 
 
 def dry_run(req: Request) -> str:
@@ -165,7 +169,14 @@ def choose_dtype(requested: str, weights: sources.SourceWeights, say: Callable[[
 
 
 def ensure_storable(key: str, source: np.ndarray, converted: np.ndarray, allow_nonfinite: bool):
-    """Refuses NaN/Inf in the weights, and a dtype that cannot hold them (overflow to inf)."""
+    """Refuses NaN/Inf in the weights, a dtype that cannot hold them (overflow to inf), and a count that is no whole
+    number or beyond its leaf's integer dtype."""
+    if converted.dtype.kind in "iu":
+        if not np.array_equal(converted, source):
+            raise InputError(
+                f"tensor {key!r} is a count, but holds values that are not whole numbers in {converted.dtype.name}"
+            )
+        return
     if np.isfinite(converted).all():
         return
     source_finite = np.isfinite(source)
@@ -257,11 +268,11 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     config = config_from_dict(family, raw, origin)
     refuse_other_variant(req.model, config)
     source_formats.refuse_other_variant(fmt, family, config, req.model)
-    dropped = {}
+    dropped, filled = {}, {}
     if fmt.renames:
         told = origin if req.config_file or carried else f"{origin} (--config FILE for another)"
-        renamed = source_formats.rename(rules, fmt, weights, diffusers_shapes(family, config), shown, told)
-        weights, dropped = renamed.weights, renamed.dropped
+        renamed = source_formats.rename(rules, fmt, weights, diffusers_specs(family, config), shown, told)
+        weights, dropped, filled = renamed.weights, renamed.dropped, renamed.filled
     leaf_shapes = req.target.leaf_shapes(family, config)
     source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
     try:
@@ -273,7 +284,9 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
             sources.ensure_weights_fit_config(family, diffusers_shapes(family, config), weights)
         raise
     ignored = family.config_class.ignored_fields(raw)
-    return Plan(weights, config, mapping_path, leaf_shapes, assignments, ignored, fmt, dropped, origin, inferred)
+    return Plan(
+        weights, config, mapping_path, leaf_shapes, assignments, ignored, fmt, dropped, origin, inferred, filled
+    )
 
 
 def inferred_config(req: Request, source: sources.Source, fmt, carried, raw: dict, weights) -> tuple[dict, list[str]]:
@@ -326,7 +339,10 @@ def _convert(req: Request, source: sources.Source, folder: OutputFolder, provena
                 "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest(),
             },
         )
-        specs = {a.target_key: (plan.leaf_shapes[a.target_key], dtype) for a in plan.assignments}
+        counts = req.target.integer_leaves(family, plan.config)
+        specs = {
+            a.target_key: (plan.leaf_shapes[a.target_key], counts.get(a.target_key, dtype)) for a in plan.assignments
+        }
         folder.needed = specs_bytes(specs)
         recorded = {k: None for k in family.recorded_tensors}
         nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest, recorded, folder.needed)
@@ -337,6 +353,8 @@ def _convert(req: Request, source: sources.Source, folder: OutputFolder, provena
             manifest["source"]["config_inferred"] = plan.inferred
         if plan.dropped:
             manifest["source"]["dropped"] = plan.dropped
+        if plan.filled:
+            manifest["source"]["filled"] = plan.filled
         if plan.ignored_config_keys:
             manifest["config_ignored"] = plan.ignored_config_keys
         write_json(work / "config.json", plan.config.to_dict())

@@ -30,7 +30,7 @@ def write_random_checkpoint(entry: ModelEntry, out: Path, small: bool, seed: int
     state = family.torch_model()(config).state_dict()
     with folder as work:
         try:
-            specs = {k: (tuple(v.shape), np.dtype(np.float32)) for k, v in state.items()}
+            specs = {k: (tuple(v.shape), np.dtype(str(v.dtype).removeprefix("torch."))) for k, v in state.items()}
             writer = SafetensorsWriter(work / WEIGHTS_NAME, specs, {"format": "pt"})
             for key, tensor in state.items():
                 writer.write(key, tensor.numpy())

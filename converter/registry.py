@@ -11,7 +11,7 @@ import json
 import math
 
 from converter.errors import InputError
-from converter.models.autoencoderkl.spec import AUTOENCODERKL
+from converter.models.autoencoderkl.spec import AUTOENCODERKL, FLUX2
 from converter.models.cogvideox.spec import COGVIDEOX
 from converter.models.common.config import MAX_PARAMETERS, MULTIPLIER, WIDTH, ConfigError
 from converter.models.common.spec import FamilySpec
@@ -49,7 +49,7 @@ def register(family: FamilySpec) -> None:
             MODELS[name] = ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
 
 
-for _family in (WAN, COGVIDEOX, QWENIMAGE, QWENIMAGE21, HUNYUANVIDEO, LTX, LTX2, AUTOENCODERKL):
+for _family in (WAN, COGVIDEOX, QWENIMAGE, QWENIMAGE21, HUNYUANVIDEO, LTX, LTX2, AUTOENCODERKL, FLUX2):
     register(_family)
 
 

@@ -1,10 +1,10 @@
 """Which layout a checkpoint is in (diffusers' own, or an original release's: mappings/<family>.yaml `source_formats`),
 and its tensors under diffusers' names, which is what the target rules and the validation read.
 
-A format is recognised from the keys (its `signature`) and, where formats share their keys, from how the file packs
-them (its `container`) or, among one family's formats, from which one's rules know every key, or named with
---source-format; a file of another family's format, or of another VAE variant, is told apart from a damaged one,
-and named."""
+A format is recognised from the keys (its `signature`; of two that fit, one whose signature holds the other's is the
+more specific) and, where formats share their keys, from how the file packs them (its `container`) or, among one
+family's formats, from which one's rules know every key, or named with --source-format; a file of another family's
+format, or of another VAE variant, is told apart from a damaged one, and named."""
 
 from __future__ import annotations
 
@@ -72,6 +72,11 @@ def detect(weights, entry, own: mapping.Mapping, forced: str | None, files: list
     packed_alike = [k for k in fitting if k.fmt.packs(weights.wrapper)]
     if len(fitting) > 1 and len(packed_alike) == 1:  # a release of diffusers' own keys, told apart by its container
         fitting = packed_alike
+    # a format whose signature holds another's whole is the more specific: Flux.2's files have every key Flux.1's
+    # (or diffusers' AutoencoderKL's) signature names, and BatchNorm statistics besides
+    specific = [k for k in fitting if not any(set(k.fmt.signature) < set(o.fmt.signature) for o in fitting)]
+    if len(fitting) > 1 and specific:
+        fitting = specific
     # formats of one family that share their signature keys (diffusers' layout and its old attention names, an SD
     # checkpoint and an SD3 one): the one whose rules know every key; formats of two families stay for the user to name
     knowing = [k for k in fitting if all(map(k.knows, shapes))]
@@ -146,11 +151,13 @@ def refuse_other_variant(fmt: mapping.SourceFormat, family, config, entry):
 
 
 class RenamedWeights:
-    """A source's tensors under diffusers' names, each read (and layout-changed) from the file on demand."""
+    """A source's tensors under diffusers' names, each read (and layout-changed) from the file on demand, and the
+    counts the file lacks (`filled`: diffusers key -> (shape, dtype, value))."""
 
-    def __init__(self, weights, assignments: list[mapping.Assignment]):
+    def __init__(self, weights, assignments: list[mapping.Assignment], filled: dict):
         self.source = weights
         self._by_name = {a.target_key: a for a in assignments}
+        self._filled = filled
         self.specs = {
             a.target_key: (
                 mapping.transformed_shape(a.rule.ops, weights.specs[a.source_key][0]),
@@ -158,13 +165,18 @@ class RenamedWeights:
             )
             for a in assignments
         }
+        self.specs.update({key: (shape, dtype) for key, (shape, dtype, _) in filled.items()})
 
     def __getitem__(self, key: str) -> np.ndarray:
+        if key in self._filled:
+            shape, dtype, value = self._filled[key]
+            return np.full(shape, value, dtype)
         a = self._by_name[key]
         return mapping.apply_ops(a.rule.ops, self.source[a.source_key])
 
     def release(self, key: str):
-        self.source.release(self._by_name[key].source_key)
+        if key not in self._filled:
+            self.source.release(self._by_name[key].source_key)
 
     def floating_dtypes(self) -> set[np.dtype]:
         return {dtype for _, dtype in self.specs.values() if dtype.kind == "f" or dtype.name == "bfloat16"}
@@ -174,16 +186,16 @@ class RenamedWeights:
 class Renamed:
     weights: RenamedWeights
     dropped: dict[str, dict]  # drop rule name -> {"tensors", "bytes"}
+    filled: dict[str, int]  # diffusers key the file lacks -> the value it was given (the format's `absent`)
 
 
-def rename(
-    own: mapping.Mapping, fmt: mapping.SourceFormat, weights, diffusers: dict[str, tuple], shown: str, config: str
-):
+def rename(own: mapping.Mapping, fmt: mapping.SourceFormat, weights, diffusers: dict[str, tuple], shown: str, config):
     """The file's keys through the format's rules, strict both ways: a fault of the rules (an overlap, a drop rule
     that would swallow a model key) is a MappingError; a file that does not fit them (or `config`, which says where
-    the config came from) is bad input."""
+    the config came from) is bad input. `diffusers` holds the shape and dtype of each of diffusers' keys; a count the
+    format lets its files lack gets the format's value."""
     source = {k: shape for k, (shape, _) in weights.specs.items()}
-    result = mapping.rename_keys(own, fmt, source, diffusers)
+    result = mapping.rename_keys(own, fmt, source, {k: shape for k, (shape, _) in diffusers.items()})
     if result.conflicts:
         raise MappingError(mapping.summary(result.problems))
     if result.unfit:
@@ -199,4 +211,6 @@ def rename(
         entry = dropped.setdefault(rule.name, {"tensors": 0, "bytes": 0})
         entry["tensors"] += 1
         entry["bytes"] += int(np.prod(shape)) * np.dtype(dtype).itemsize
-    return Renamed(RenamedWeights(weights, result.assignments), dropped)
+    lacking = mapping.lacking_counts(fmt, source, diffusers)
+    filled = {k: (*diffusers[k], value) for k, value in lacking.items()}
+    return Renamed(RenamedWeights(weights, result.assignments, filled), dropped, lacking)

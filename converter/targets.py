@@ -54,6 +54,15 @@ class Target:
     def leaf_shapes(self, family: FamilySpec, config) -> dict[str, tuple[int, ...]]:
         raise NotImplementedError
 
+    def integer_leaves(self, family: FamilySpec, config) -> dict[str, np.dtype]:
+        """The leaves that hold counts (BatchNorm's `num_batches_tracked`), each with the integer dtype it keeps
+        whatever the output's dtype; every other leaf is written in the output's."""
+        raise NotImplementedError
+
+    def leaf_dtype(self, key, integer_leaves: dict, dtype: np.dtype) -> np.dtype:
+        """The dtype leaf `key` (as `read_weights` names it) is written in, for an output of `dtype`."""
+        return integer_leaves.get(key if isinstance(key, str) else ".".join(map(str, key)), dtype)
+
     def open_writer(self, fmt: str, out_dir: Path, specs: dict, metadata: dict):
         path = out_dir / self.weight_files[fmt]
         if fmt == "orbax":
@@ -95,6 +104,14 @@ class FlaxTarget(Target):
         return {
             ".".join(map(str, path)): tuple(compat.variable_value(v).shape)
             for path, v in self.empty_model(family, config, np.float32).variables
+        }
+
+    def integer_leaves(self, family, config):
+        # JAX keeps 32-bit integers unless x64 is on: the model declares its counts int32
+        return {
+            ".".join(map(str, path)): np.dtype(compat.variable_value(v).dtype)
+            for path, v in self.empty_model(family, config, np.float32).variables
+            if np.issubdtype(compat.variable_value(v).dtype, np.integer)
         }
 
     def read_weights(self, out_dir, fmt):
@@ -150,7 +167,10 @@ class TorchaxTarget(Target):
     )
 
     def leaf_shapes(self, family, config):
-        return {k: tuple(v.shape) for k, v in self.empty_model(family, config, None).state_dict().items()}
+        return {k: shape for k, (shape, _) in diffusers_specs(family, config).items()}
+
+    def integer_leaves(self, family, config):
+        return {k: dtype for k, (_, dtype) in diffusers_specs(family, config).items() if dtype.kind in "iu"}
 
     def empty_model(self, family, config, dtype):
         return meta_torch(family, config)
@@ -180,9 +200,18 @@ def meta_torch(family: FamilySpec, config):
     return model
 
 
+def diffusers_specs(family: FamilySpec, config) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The diffusers state_dict's keys, shapes and dtypes (float32, and int64 for counts) for `config` (imports
+    PyTorch)."""
+    return {
+        k: (tuple(v.shape), np.dtype(str(v.dtype).removeprefix("torch.")))
+        for k, v in meta_torch(family, config).state_dict().items()
+    }
+
+
 def diffusers_shapes(family: FamilySpec, config) -> dict[str, tuple[int, ...]]:
     """The diffusers state_dict's keys and shapes for `config` (imports PyTorch)."""
-    return {k: tuple(v.shape) for k, v in meta_torch(family, config).state_dict().items()}
+    return {k: shape for k, (shape, _) in diffusers_specs(family, config).items()}
 
 
 def to_torch(array: np.ndarray):
@@ -291,7 +320,9 @@ def _load_output(out: OutputInfo, mesh):
 
         sharding = NamedSharding(mesh, PARAMETERS)
     weights = out.target.read_weights(out.path, out.fmt)
+    counts = out.target.integer_leaves(out.family, out.config)
     for key, array in weights.items():
-        if np.dtype(array.dtype) != out.dtype:
-            raise InputError(f"{out.path}: {key} is {array.dtype}, the manifest says {out.dtype.name}")
+        expected = out.target.leaf_dtype(key, counts, out.dtype)
+        if np.dtype(array.dtype) != expected:
+            raise InputError(f"{out.path}: {key} is {array.dtype}, the output's dtype for it is {expected.name}")
     return out.target.build(out.target.empty_model(out.family, out.config, out.dtype), weights, out.path, sharding)

@@ -170,9 +170,11 @@ def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) 
         for p in model.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=generator))
         saved = model.state_dict()
-        for name, b in model.named_buffers():  # the ones the checkpoint carries (LTX's latent statistics)
+        for name, b in model.named_buffers():  # the ones the checkpoint carries (latent and BatchNorm statistics)
             if name in saved and b.is_floating_point():
                 b.add_(0.1 * torch.randn(b.shape, generator=generator))
+            elif name in saved:  # a count (BatchNorm's batches): one no default equals
+                b.add_(torch.randint(1, 1 << 20, b.shape, generator=generator))
         if family.clamps_output:
             # keep decoded values inside the [-1, 1] clamp, where a wrong value cannot hide behind saturation
             model.decoder.conv_out.weight.mul_(0.1)

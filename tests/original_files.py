@@ -8,6 +8,7 @@ import json
 
 import numpy as np
 import torch
+from safetensors.torch import save_file
 
 from converter.mapping import MAPPINGS_DIR, load_mapping
 from converter.targets import read_output
@@ -46,13 +47,26 @@ def as_released(state: dict, fmt: str, family=None) -> dict:
 
 
 def write_original(state: dict, fmt: str, path, wrapper=FORMATS, extra=None):
-    """The diffusers state_dict renamed as the original file has it, pickled as it is released (SAT: wrapped, with
-    training-discriminator tensors beside the model's)."""
+    """The diffusers state_dict renamed as the original file has it, written as it is released: a `.safetensors`
+    file, or pickled (SAT: wrapped, with training-discriminator tensors beside the model's)."""
     tensors = {**as_released(state, fmt), **(extra or {})}
     wrapper = FORMATS[fmt][1].wrapper if wrapper is FORMATS else wrapper
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({wrapper: tensors} if wrapper else tensors, path)
+    if path.suffix == ".safetensors":
+        save_file({k: v.contiguous() for k, v in tensors.items()}, path)
+    else:
+        torch.save({wrapper: tensors} if wrapper else tensors, path)
     return path
+
+
+def as_converted_by_diffusers(model, fmt: str):
+    """`model` as diffusers' converter makes it of a file of `fmt`: a count such files lack (the format's
+    `absent`) holds the value diffusers' loader gives it."""
+    family = FORMATS[fmt][0]
+    with torch.no_grad():
+        for key, value in load_mapping(MAPPINGS_DIR / family.mapping_file).formats[fmt].absent.items():
+            model.get_buffer(key).fill_(value)
+    return model
 
 
 def output_tensors(out) -> dict[str, np.ndarray]:

@@ -1,13 +1,17 @@
-"""The image VAE of SD, SDXL, SD3 and Flux.1 beyond the generic tests (which take its small configs, image sizes,
-tiling case, meshes and original single files from models/autoencoderkl/testing.py): diffusers reads the torchax
-output; a checkpoint saved with diffusers' old attention names converts to the tensors diffusers itself loads from it;
-the VAE inside a whole SD or SD3 checkpoint converts, the rest named and dropped; a file with no config converts as
-what its tensors say, and they say every published config back; a VAE kept at the top of its Hub repo
-(sdxl-vae-fp16-fix) is fetched alone; the models take images, not videos."""
+"""The image VAEs of SD, SDXL, SD3, Flux.1 and Flux.2 beyond the generic tests (which take their small configs, image
+sizes, tiling case, meshes and original single files from models/autoencoderkl/testing.py): diffusers reads the
+torchax output; a checkpoint saved with diffusers' old attention names converts to the tensors diffusers itself loads
+from it; the VAE inside a whole SD or SD3 checkpoint converts, the rest named and dropped; a file with no config
+converts as what its tensors say, and they say every published config back; a VAE kept at the top of its Hub repo
+(sdxl-vae-fp16-fix) is fetched alone; the models take images, not videos; Flux.2's BatchNorm statistics are carried
+exactly and normalise latents as Flux.2's pipelines do; a checkpoint of one class named as the other is refused with
+the right command."""
 
 from __future__ import annotations
 
+import ast
 import json
+from pathlib import Path
 
 import diffusers
 import numpy as np
@@ -16,14 +20,13 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import converter
-from converter.models.autoencoderkl.config import config_from_shapes
 from converter.registry import FAMILIES, MODELS
 from converter.targets import diffusers_shapes
 from tests.fake_hub import Repo
-from tests.helpers import DATA, manifest, run_cli, save_diffusers, small
+from tests.helpers import DATA, fails, manifest, run_cli, save_diffusers, small
 from tests.original_files import as_released, assert_same_tensors, output_tensors
 
-KL = FAMILIES["autoencoderkl"]
+KL, FLUX2 = FAMILIES["autoencoderkl"], FAMILIES["flux2"]
 LEGACY = {"to_q": "query", "to_k": "key", "to_v": "value", "to_out.0": "proj_attn"}
 
 
@@ -125,23 +128,30 @@ def test_the_models_take_images(checkpoint, tmp_path):
 
 
 # what no tensor shows: from the model name
-NOT_IN_TENSORS = ("norm_num_groups", "sample_size", "scaling_factor", "shift_factor", "force_upcast", "act_fn")
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        p
-        for p in sorted((DATA / "configs").glob("*.json"))
-        if json.loads(p.read_text())["_class_name"] == "AutoencoderKL"
-    ],
-    ids=lambda p: p.name.split(".vae")[0],
+NOT_IN_TENSORS = (
+    *("norm_num_groups", "sample_size", "scaling_factor", "shift_factor", "force_upcast", "act_fn"),
+    *("batch_norm_eps", "batch_norm_momentum"),
 )
-def test_the_tensors_of_every_published_config_give_it_back(path):
-    raw = json.loads(path.read_text())
-    published = KL.config_class.from_dict(raw)
+
+
+PUBLISHED = {
+    **{
+        p.name.split(".vae")[0]: json.loads(p.read_text())
+        for p in sorted((DATA / "configs").glob("*.json"))
+        if json.loads(p.read_text())["_class_name"] in (KL.class_name, FLUX2.class_name)
+    },
+    # published as a class default with other decoder widths, not as a file kept here
+    "flux.2-small-decoder": {"_class_name": FLUX2.class_name, **MODELS["flux.2-small-decoder"].config},
+}
+
+
+@pytest.mark.parametrize("raw", PUBLISHED.values(), ids=PUBLISHED)
+def test_the_tensors_of_every_published_config_give_it_back(raw):
+    family = FLUX2 if raw["_class_name"] == FLUX2.class_name else KL
+    published = family.config_class.from_dict(raw)
     named = {k: v for k, v in raw.items() if k in NOT_IN_TENSORS}
-    assert KL.config_class.from_dict(config_from_shapes(diffusers_shapes(KL, published), named)) == published
+    inferred = family.config_from_shapes(diffusers_shapes(family, published), named)
+    assert family.config_class.from_dict(inferred) == published
 
 
 def test_a_file_without_config_converts_as_its_tensors_say(tmp_path):
@@ -159,3 +169,88 @@ def test_a_file_without_config_converts_as_its_tensors_say(tmp_path):
     info = manifest(tmp_path / "out")
     assert info["validation"]["ok"] and info["source"]["config_inferred"] == inferred
     assert json.loads((tmp_path / "out" / "config.json").read_text()) == KL.config_class.from_dict(config).to_dict()
+
+
+# Flux.2's structure (four levels of two layers, norm groups of 32) at small widths and 8 latent channels: what BFL's
+# file of it holds, the released key names, and what a Flux.2 name's config cannot say
+FLUX2_RELEASED = dict(MODELS["flux.2-dev"].config, block_out_channels=[32, 64, 96, 96], latent_channels=8)
+
+
+@pytest.fixture(scope="module")
+def flux2_outputs(tmp_path_factory):
+    """A small Flux.2 checkpoint saved by diffusers (its BatchNorm statistics and count of batches perturbed) and
+    its conversions to both targets; and BFL's file of a Flux.2 VAE of small widths."""
+    root = tmp_path_factory.mktemp("flux2")
+    name, config = small(FLUX2, "default-arch")
+    save_diffusers(FLUX2, root / "vae", config)
+    for target in ("flax", "torchax"):
+        run_cli(name, "--source", root / "vae", "--to", target, "--out", root / target, "--no-validate")
+    state = save_diffusers(FLUX2, root / "released", FLUX2_RELEASED).state_dict()
+    save_file({k: v.contiguous() for k, v in as_released(state, "bfl-flux2", FLUX2).items()}, root / "ae.safetensors")
+    return root
+
+
+def test_batch_norm_statistics_are_exact_and_normalise_as_flux2_pipelines_do(flux2_outputs):
+    reference = diffusers.AutoencoderKLFlux2.from_pretrained(flux2_outputs / "vae").eval()
+    statistics = {k: v for k, v in reference.state_dict().items() if k.startswith("bn.")}
+    assert statistics["bn.num_batches_tracked"].dtype == torch.int64 and statistics["bn.num_batches_tracked"] > 0
+    read = diffusers.AutoencoderKLFlux2.from_pretrained(flux2_outputs / "torchax").state_dict()
+    assert all(read[k].dtype == v.dtype and torch.equal(read[k], v) for k, v in statistics.items())
+    flax = converter.load(flux2_outputs / "flax")
+    for key, value in statistics.items():
+        carried = np.asarray(getattr(flax.bn, key.removeprefix("bn."))[...])
+        assert np.array_equal(carried, value.numpy()), key
+    recorded = manifest(flux2_outputs / "flax")["tensors"]
+    assert recorded["bn.running_mean"] == statistics["bn.running_mean"].tolist()
+
+    # the pipelines' own patchify, then their normalisation with the statistics
+    z = torch.randn(2, 8, 6, 10, generator=torch.Generator().manual_seed(0))
+    patched = _flux2_pipeline_patchify()(z)
+    mean = statistics["bn.running_mean"].view(1, -1, 1, 1)
+    std = torch.sqrt(statistics["bn.running_var"].view(1, -1, 1, 1) + reference.config.batch_norm_eps)
+    expected = ((patched - mean) / std).numpy()
+    got = np.moveaxis(np.asarray(flax.bn(np.moveaxis(patched.numpy(), 1, -1))), -1, 1)
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        np.testing.assert_allclose(converter.load(flux2_outputs / "torchax").bn(patched).numpy(), expected, atol=1e-6)
+
+
+def _flux2_pipeline_patchify():
+    """`Flux2Pipeline._patchify_latents` from diffusers' source: the pipeline's module imports transformers, which
+    the tests do not install, so the method is compiled on its own."""
+    source = Path(diffusers.__file__).parent / "pipelines" / "flux2" / "pipeline_flux2.py"
+    pipeline = next(n for n in ast.parse(source.read_text()).body if getattr(n, "name", None) == "Flux2Pipeline")
+    method = next(n for n in pipeline.body if getattr(n, "name", None) == "_patchify_latents")
+    method.decorator_list = []  # a staticmethod in the class; a plain function here
+    namespace = {}
+    exec(compile(ast.Module([method], type_ignores=[]), str(source), "exec"), namespace)
+    return namespace["_patchify_latents"]
+
+
+def test_a_checkpoint_of_one_class_named_as_the_other_is_refused(flux2_outputs, checkpoint, tmp_path):
+    fails(["sd1.5", "--source", flux2_outputs / "vae", "--to", "flax", "--out", tmp_path / "o"], 3,
+          "config.json is for AutoencoderKLFlux2", "try `vae-convert flux.2-dev`", out=tmp_path / "o")  # fmt: skip
+    fails(["flux.2-dev", "--source", checkpoint, "--to", "flax", "--out", tmp_path / "o"], 3,
+          "config.json is for AutoencoderKL,", "try `vae-convert sd1.5`", out=tmp_path / "o")  # fmt: skip
+    # BFL's files carry no config: their keys tell Flux.2's (quant convs inside the coders, bn) from Flux.1's
+    bfl = flux2_outputs / "ae.safetensors"
+    told = "is a checkpoint of AutoencoderKLFlux2 (bfl-flux2"
+    fails(["flux.1-dev", "--source", bfl, "--to", "flax", "--out", tmp_path / "o"], 3,
+          told, "try `vae-convert flux.2-dev`", out=tmp_path / "o")  # fmt: skip
+
+
+def test_a_bfl_flux2_file_without_config_converts_as_its_tensors_say(flux2_outputs, tmp_path):
+    """BFL's Flux.2 file of other widths than Flux.2's, alone: the config inferred from its tensors, the count of
+    batches it lacks filled as diffusers' loader fills it, said and recorded, validated."""
+    bfl = flux2_outputs / "ae.safetensors"
+    result = run_cli("flux.2-dev", "--source", bfl, "--to", "torchax", "--out", tmp_path / "out")
+    assert "bn.num_batches_tracked absent: 0, as diffusers' loader gives it" in result.stderr
+    info = manifest(tmp_path / "out")
+    assert info["validation"]["ok"] and info["source"]["filled"] == {"bn.num_batches_tracked": 0}
+    assert info["source"]["config_inferred"] == ["block_out_channels", "latent_channels"]
+    expected = FLUX2.config_class.from_dict(FLUX2_RELEASED).to_dict()
+    assert json.loads((tmp_path / "out" / "config.json").read_text()) == expected
+    converted = load_file(tmp_path / "out" / "diffusion_pytorch_model.safetensors")
+    state = load_file(flux2_outputs / "released" / "diffusion_pytorch_model.safetensors")
+    assert converted["bn.num_batches_tracked"].dtype == torch.int64 and converted["bn.num_batches_tracked"] == 0
+    assert all(torch.equal(converted[k], v) for k, v in state.items() if k != "bn.num_batches_tracked")

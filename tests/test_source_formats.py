@@ -15,7 +15,14 @@ from converter.errors import InputError, MappingError, UsageError
 from converter.mapping import MAPPINGS_DIR
 from converter.registry import FAMILIES
 from tests.helpers import fails, family_cases, family_params, manifest, run_cli, save_diffusers
-from tests.original_files import FORMATS, assert_same_tensors, output_tensors, released_config, write_original
+from tests.original_files import (
+    FORMATS,
+    as_converted_by_diffusers,
+    assert_same_tensors,
+    output_tensors,
+    released_config,
+    write_original,
+)
 
 WAN, COGVIDEOX = FAMILIES["wan"], FAMILIES["cogvideox"]
 
@@ -31,7 +38,8 @@ def released(request, tmp_path_factory):
     family, case = FORMATS[fmt]
     model_name, config = released_config(fmt)
     root = tmp_path_factory.mktemp(fmt)
-    model = save_diffusers(family, root / "diffusers", config)
+    model = as_converted_by_diffusers(save_diffusers(family, root / "diffusers", config), fmt)
+    model.save_pretrained(root / "diffusers")
     extra = {case.training_key: torch.randn(64, 3, 4, 4)} if case.training_key else None
     original = write_original(model.state_dict(), fmt, root / "release" / case.file_name, extra=extra)
     return fmt, model_name, root / "diffusers" / "config.json", original, root / "diffusers"

@@ -1,5 +1,5 @@
-"""The image VAE of SD, SDXL, SD3 and Flux.1 (diffusers' `AutoencoderKL`) in Flax NNX, channels-last: images are
-(B, H, W, C), latents (B, H/8, W/8, latent_channels) at the published widths.
+"""The image VAEs of SD, SDXL, SD3, Flux.1 (diffusers' `AutoencoderKL`) and Flux.2 (`AutoencoderKLFlux2`) in Flax NNX,
+channels-last: images are (B, H, W, C), latents (B, H/8, W/8, latent_channels) at the published widths.
 
 Read it beside diffusers' `autoencoder_kl.py`, `vae.py` (Encoder, Decoder) and the 2-D blocks it builds from
 (`DownEncoderBlock2D`, `UpDecoderBlock2D`, `UNetMidBlock2D`, `ResnetBlock2D`, `Downsample2D`, `Upsample2D`): modules
@@ -17,10 +17,10 @@ from flax import nnx
 
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
-from ..common.layers_flax import Attention, GroupNorm
+from ..common.layers_flax import Attention, BatchNorm2d, GroupNorm
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
-from .config import AutoencoderKLConfig, AutoencoderKLTiling
+from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, AutoencoderKLTiling
 
 EPS = 1e-6  # every GroupNorm's, as diffusers' Encoder and Decoder build them
 
@@ -159,7 +159,7 @@ class Decoder(nnx.Module):
     def __init__(self, config: AutoencoderKLConfig, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         groups = config.norm_num_groups
-        channels = list(reversed(config.block_out_channels))
+        channels = list(reversed(config.decoder_widths))
         self.conv_in = conv2d(config.latent_channels, channels[0], 3, **kw)
         self.mid_block = UNetMidBlock2D(channels[0], groups, config.mid_block_add_attention, **kw)
         self.up_blocks = nnx.List(
@@ -209,3 +209,12 @@ class AutoencoderKL(TilingMixin, nnx.Module):
         """(B, h, w, latent_channels) latents -> (B, h*r, w*r, C) images (unclamped, as diffusers)."""
         expect_image(z, self.config.latent_channels, channels_last=True, what="decode")
         return run_image(self, "decoder", z, mesh)
+
+
+class AutoencoderKLFlux2(AutoencoderKL):
+    """AutoencoderKL with Flux.2's BatchNorm `bn`, which the model never applies: Flux.2's pipelines patchify a
+    latent (B, h, w, C) into (B, h/2, w/2, 4C), channel-major as diffusers does, and normalise it with `bn`."""
+
+    def __init__(self, config: AutoencoderKLFlux2Config, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+        super().__init__(config, rngs=rngs, param_dtype=param_dtype)
+        self.bn = BatchNorm2d(config.batch_norm_channels, config.batch_norm_eps, param_dtype=param_dtype)

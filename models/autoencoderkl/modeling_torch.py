@@ -1,7 +1,7 @@
-"""The image VAE of SD, SDXL, SD3 and Flux.1 (diffusers' `AutoencoderKL`) in PyTorch, channels-first, written to run
-under torchax.
+"""The image VAEs of SD, SDXL, SD3, Flux.1 (diffusers' `AutoencoderKL`) and Flux.2 (`AutoencoderKLFlux2`) in PyTorch,
+channels-first, written to run under torchax.
 
-Parameter names and shapes are diffusers' own, so `AutoencoderKL.from_pretrained` reads what this model saves, and
+Parameter names and shapes are diffusers' own, so diffusers' `from_pretrained` reads what these models save, and
 `encode(x).latent_dist` / `decode(z).sample` take and return (B, C, H, W) as diffusers'. Differences from diffusers:
 GroupNorm statistics are taken in float32 whatever the input dtype; the encoder and the decoder take and return a
 (always empty) cache, as the chunk runner's step expects, so torchax can jit them.
@@ -17,7 +17,7 @@ from ..common.inputs import expect_image
 from ..common.layers_torch import Attention, GroupNorm
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
-from .config import AutoencoderKLConfig, AutoencoderKLTiling
+from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, AutoencoderKLTiling
 
 EPS = 1e-6  # every GroupNorm's, as diffusers' Encoder and Decoder build them
 
@@ -139,7 +139,7 @@ class Decoder(nn.Module):
     def __init__(self, config: AutoencoderKLConfig):
         super().__init__()
         groups = config.norm_num_groups
-        channels = list(reversed(config.block_out_channels))
+        channels = list(reversed(config.decoder_widths))
         self.conv_in = nn.Conv2d(config.latent_channels, channels[0], 3, padding=1)
         self.mid_block = UNetMidBlock2D(channels[0], groups, config.mid_block_add_attention)
         self.up_blocks = nn.ModuleList(
@@ -182,3 +182,18 @@ class AutoencoderKL(ChunkedAutoencoder):
         """(B, latent_channels, h, w) latents; not clamped, as in diffusers."""
         expect_image(z, self.config.latent_channels, channels_last=False, what="decode")
         return DecoderOutput(self.run_image("decoder", z, step))
+
+
+class AutoencoderKLFlux2(AutoencoderKL):
+    """AutoencoderKL with Flux.2's BatchNorm `bn`, which the model never applies: Flux.2's pipelines normalise the
+    patchified latents with its running statistics."""
+
+    def __init__(self, config: AutoencoderKLFlux2Config):
+        super().__init__(config)
+        self.bn = nn.BatchNorm2d(
+            config.batch_norm_channels,
+            eps=config.batch_norm_eps,
+            momentum=config.batch_norm_momentum,
+            affine=False,
+            track_running_stats=True,
+        )

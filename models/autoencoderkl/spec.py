@@ -1,10 +1,11 @@
-"""The image VAE family of SD 1.x/2.x, SDXL, SD3/3.5, Flux.1 and Z-Image (diffusers' `AutoencoderKL`): one class,
-configs that differ in latent channels, the 1x1 convolutions around the latent and the latent scaling."""
+"""The image VAE families: SD 1.x/2.x, SDXL, SD3/3.5, Flux.1 and Z-Image (diffusers' `AutoencoderKL`: one class,
+configs that differ in latent channels, the 1x1 convolutions around the latent and the latent scaling), and Flux.2
+(`AutoencoderKLFlux2`: the same encoder and decoder, and a BatchNorm's statistics for the pipelines)."""
 
 from __future__ import annotations
 
 from ..common.spec import FamilySpec, ModelName, lazy
-from .config import AutoencoderKLConfig, config_from_shapes
+from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, config_from_shapes, flux2_config_from_shapes
 
 # The four levels every published AutoencoderKL has (diffusers' class defaults are a one-level toy model)
 _LEVELS = dict(
@@ -20,6 +21,17 @@ SDXL_FP16_FIX_CONFIG = dict(_LEVELS, sample_size=512, scaling_factor=0.13025, fo
 _SD3_LAYOUT = dict(_LEVELS, sample_size=1024, latent_channels=16, use_quant_conv=False, use_post_quant_conv=False)
 SD3_CONFIG = dict(_SD3_LAYOUT, scaling_factor=1.5305, shift_factor=0.0609)
 FLUX1_CONFIG = dict(_SD3_LAYOUT, scaling_factor=0.3611, shift_factor=0.1159)
+# Flux.2: the class defaults (four levels, 32 latent channels, quant convs, 2x2 patches for the BatchNorm)
+FLUX2_CONFIG = dict(_LEVELS, sample_size=1024, latent_channels=32)
+FLUX2_SMALL_DECODER_CONFIG = dict(FLUX2_CONFIG, decoder_block_out_channels=[96, 192, 384, 384])
+
+# an image model: its validation decodes one 8x8 latent and encodes one image to a latent of that size
+_IMAGE = dict(
+    validation_latent_shape=lambda c: (1, c.latent_channels, 8, 8),
+    validation_video_shape=lambda c: (1, c.in_channels, 8 * c.spatial_ratio, 8 * c.spatial_ratio),
+    native_video=(1, 1024, 1024),
+    image=True,
+)
 
 AUTOENCODERKL = FamilySpec(
     name="autoencoderkl",
@@ -38,10 +50,31 @@ AUTOENCODERKL = FamilySpec(
         ModelName("flux.1-schnell", "black-forest-labs/FLUX.1-schnell", config=FLUX1_CONFIG),
         ModelName("z-image-turbo", "Tongyi-MAI/Z-Image-Turbo", config=FLUX1_CONFIG),
     ),
-    # an image model: its validation decodes one 8x8 latent and encodes one image to a latent of that size
-    validation_latent_shape=lambda c: (1, c.latent_channels, 8, 8),
-    validation_video_shape=lambda c: (1, c.in_channels, 8 * c.spatial_ratio, 8 * c.spatial_ratio),
-    native_video=(1, 1024, 1024),
     config_from_shapes=config_from_shapes,
-    image=True,
+    **_IMAGE,
+)
+
+FLUX2 = FamilySpec(
+    name="flux2",
+    config_class=AutoencoderKLFlux2Config,
+    flax_model=lazy(__package__, ".modeling_flax", "AutoencoderKLFlux2"),
+    torch_model=lazy(__package__, ".modeling_torch", "AutoencoderKLFlux2"),
+    testing=lazy(__package__, ".testing", "TESTING_FLUX2"),
+    mapping_file="autoencoderkl.yaml",
+    models=(
+        ModelName("flux.2-dev", "black-forest-labs/FLUX.2-dev", config=FLUX2_CONFIG),
+        ModelName("flux.2-klein-4b", "black-forest-labs/FLUX.2-klein-4B", config=FLUX2_CONFIG),
+        ModelName("flux.2-klein-9b", "black-forest-labs/FLUX.2-klein-9B", config=FLUX2_CONFIG),
+        # a narrower decoder for Flux.2's latents; the repo's own page was not reached, so its layout is unverified
+        ModelName(
+            "flux.2-small-decoder",
+            "black-forest-labs/FLUX.2-small-decoder",
+            config=FLUX2_SMALL_DECODER_CONFIG,
+            verified=False,
+        ),
+    ),
+    # the BatchNorm's statistics, which Flux.2's pipelines normalise latents with
+    recorded_tensors=("bn.running_mean", "bn.running_var"),
+    config_from_shapes=flux2_config_from_shapes,
+    **_IMAGE,
 )

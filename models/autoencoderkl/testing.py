@@ -1,4 +1,4 @@
-"""AutoencoderKL's test data (models/common/testing.py says who reads it)."""
+"""AutoencoderKL's and AutoencoderKLFlux2's test data (models/common/testing.py says who reads it)."""
 
 from __future__ import annotations
 
@@ -72,6 +72,45 @@ TESTING = FamilyTesting(
         "bfl-flux1": OriginalFileCase(
             "sd3-layout", "ae.pt", config_changes=RELEASED_STRUCTURE, validated_target="torchax"
         ),
+    },
+    decode_steps=1,
+)
+
+# Flux.2's layout at small widths: quant convs, attention, 8 latent channels in 2x2 patches for the BatchNorm
+FLUX2_LAYOUT = dict(
+    block_out_channels=[8, 16, 16],
+    down_block_types=["DownEncoderBlock2D"] * 3,
+    up_block_types=["UpDecoderBlock2D"] * 3,
+    layers_per_block=1,
+    latent_channels=8,
+    norm_num_groups=4,
+    sample_size=32,
+)
+# a decoder narrower than the encoder (as FLUX.2-small-decoder's), no quant convs, no attention, 1x2 patches and
+# another BatchNorm epsilon
+FLUX2_NARROW_DECODER = dict(
+    FLUX2_LAYOUT,
+    decoder_block_out_channels=[4, 8, 12],
+    layers_per_block=2,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+    mid_block_add_attention=False,
+    patch_size=[1, 2],
+    batch_norm_eps=1e-3,
+)
+
+TESTING_FLUX2 = FamilyTesting(
+    small_configs={"default-arch": FLUX2_LAYOUT, "narrow-decoder": FLUX2_NARROW_DECODER},
+    parity_frames=((1,), (1,)),
+    # the encoder and decoder are AutoencoderKL's, whose tests take every size and the tiles: one odd, non-square
+    # size each here
+    parity_latent_sizes=((3, 5),),
+    parity_video_sizes=((18, 30),),
+    tiling={},
+    meshes={},
+    export=("default-arch", "narrow-decoder"),
+    original_files={
+        "bfl-flux2": OriginalFileCase("default-arch", "flux2-vae.safetensors", config_changes=RELEASED_STRUCTURE),
     },
     decode_steps=1,
 )

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from .attention import blocked_attention
 from .group_norm import group_norm
+
+
+class Buffer(nnx.Variable):
+    """A tensor the checkpoint carries that is no parameter (diffusers' persistent buffers)."""
+
+
+class BatchNorm2d(nnx.Module):
+    """PyTorch's `BatchNorm2d(channels, eps, affine=False)` as it runs in eval mode, over the last axis: its running
+    statistics and its count of batches, carried as the checkpoint holds them. The count is a 32-bit integer (JAX's
+    without x64), written back as PyTorch's int64."""
+
+    def __init__(self, channels, eps, *, param_dtype):
+        self.eps = eps
+        self.running_mean = Buffer(jnp.zeros((channels,), param_dtype))
+        self.running_var = Buffer(jnp.ones((channels,), param_dtype))
+        self.num_batches_tracked = Buffer(jnp.zeros((), jnp.int32))
+
+    def __call__(self, x):
+        return (x - self.running_mean[...]) * jax.lax.rsqrt(self.running_var[...] + self.eps)
 
 
 class GroupNorm(nnx.Module):

@@ -19,15 +19,12 @@ from flax import nnx
 
 from ..common.conv import cpu_conv, prepadded_conv
 from ..common.inputs import expect_video
+from ..common.layers_flax import Buffer
 from ..common.sharding import whole_where_width_uneven
 from ..common.steps_flax import run_clip
 from ..common.tiling import TilingMixin
 from .config import STRIDES, ConvStyle, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
 from .noise import noise_maps
-
-
-class Buffer(nnx.Variable):
-    """A tensor the checkpoint carries that is no parameter (diffusers' persistent buffers)."""
 
 
 def rms_norm(x, eps=1e-8):

@@ -11,14 +11,21 @@ diffusers key it becomes:
   The pairing is diffusers' single-file converter, `convert_ldm_vae_checkpoint`: each LDM tensor holds a value of
   its own, and the converter's output tells which diffusers key each became; every LDM key must be used once and
   every key of diffusers' model produced.
+- autoencoderkl-bfl-flux2.json: BFL's Flux.2 VAE file: the LDM layout with the quant convs inside `encoder.` and
+  `decoder.` and the BatchNorm's running statistics. The pairing is diffusers'
+  `convert_flux2_vae_checkpoint_to_diffusers` from `scripts/convert_flux2_to_diffusers.py` in the diffusers
+  repository (not in the wheel: pass the script's path), its definitions run on their own, followed by the
+  `load_state_dict` the script does, which sets the BatchNorm's count of batches the file lacks to 0.
 
-    .venv/bin/python tests/data/source-formats/make_autoencoderkl_pairings.py
+    .venv/bin/python tests/data/source-formats/make_autoencoderkl_pairings.py PATH/TO/convert_flux2_to_diffusers.py
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
+import sys
 from collections import OrderedDict
 from pathlib import Path
 
@@ -102,7 +109,70 @@ LDM_FILES = {
 }
 
 
+FLUX2_CONFIG = dict(SD15_CONFIG, sample_size=1024, latent_channels=32)
+# the diffusers keys BFL's Flux.2 file keeps inside the coders
+FLUX2_INSIDE = {"quant_conv.": "encoder.quant_conv.", "post_quant_conv.": "decoder.post_quant_conv."}
+FLUX2_CONVERTER = (
+    "DIFFUSERS_VAE_TO_FLUX2_MAPPING",
+    "conv_attn_to_linear",
+    "update_vae_resnet_ldm_to_diffusers",
+    "update_vae_attentions_ldm_to_diffusers",
+    "convert_flux2_vae_checkpoint_to_diffusers",
+)
+
+
+def script_definitions(path: Path, names: tuple[str, ...]) -> dict:
+    """The named top-level definitions of one of diffusers' conversion scripts, run on their own: the script itself
+    parses the command line and imports every pipeline dependency when imported."""
+    tree = ast.parse(path.read_text())
+
+    def named(node) -> str | None:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+            return node.targets[0].id
+        return getattr(node, "name", None)
+
+    kept = [node for node in tree.body if named(node) in names]
+    assert sorted(map(named, kept)) == sorted(names), f"{path} lacks some of {names}"
+    namespace = {"torch": torch}
+    exec(compile(ast.Module(kept, type_ignores=[]), str(path), "exec"), namespace)
+    return namespace
+
+
+def flux2_pairings(script: Path) -> dict:
+    """BFL's Flux.2 VAE file (every tensor holding a value of its own) and what diffusers' converter makes of it."""
+    convert = script_definitions(script, FLUX2_CONVERTER)["convert_flux2_vae_checkpoint_to_diffusers"]
+    with torch.device("meta"):
+        expected = diffusers.AutoencoderKLFlux2(**FLUX2_CONFIG).state_dict()
+    original = {}
+    for i, (key, tensor) in enumerate(expected.items()):
+        if key == "bn.num_batches_tracked":  # BFL's file has none
+            continue
+        shape = (*tensor.shape, 1, 1) if ".attentions.0.to_" in key and key.endswith("weight") else tuple(tensor.shape)
+        inside = next((key.replace(k, v, 1) for k, v in FLUX2_INSIDE.items() if key.startswith(k)), None)
+        original[inside or ldm_key(key, len(FLUX2_CONFIG["block_out_channels"]))] = torch.full(shape, float(i))
+    converted = convert(original, FLUX2_CONFIG)
+    model = diffusers.AutoencoderKLFlux2(**FLUX2_CONFIG)
+    model.load_state_dict(converted, strict=True)  # as the script loads it
+    assert model.bn.num_batches_tracked.item() == 0
+    assert {k: v.shape for k, v in converted.items()} == {
+        k: v.shape for k, v in expected.items() if k != "bn.num_batches_tracked"
+    }
+    becomes = {int(v.flatten()[0]): k for k, v in converted.items()}
+    assert len(becomes) == len(original) == len(expected) - 1  # every BFL tensor used once
+    return {
+        "file": "BFL's Flux.2 VAE file (flux2-vae.safetensors): the LDM layout, the quant convs inside the coders, bn",
+        "model_code": "diffusers AutoencoderKLFlux2, keys as diffusers' Flux.2 conversion script reads them",
+        "pairing": "diffusers' convert_flux2_vae_checkpoint_to_diffusers (scripts/convert_flux2_to_diffusers.py), "
+        "then load_state_dict, which sets bn.num_batches_tracked to 0",
+        "original_config": FLUX2_CONFIG,
+        "keys": {k: {"shape": list(v.shape), "diffusers": becomes[int(v.flatten()[0])]} for k, v in original.items()},
+    }
+
+
 if __name__ == "__main__":
+    content = flux2_pairings(Path(sys.argv[1]))
+    (HERE / "autoencoderkl-bfl-flux2.json").write_text(json.dumps(content, indent=1) + "\n")
+    print(f"autoencoderkl-bfl-flux2.json: {len(content['keys'])} keys")
     for name, (config, prefix, about) in LDM_FILES.items():
         content = ldm_pairings(config, prefix, about)
         (HERE / name).write_text(json.dumps(content, indent=1) + "\n")
