@@ -411,6 +411,7 @@ def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None
             steps_flax.step = recorder = CompileOnlyStep(original)
             out = jax.eval_shape(functools.partial(run, part), abstract, video)
             memory = [c.memory_analysis() for c, _ in recorder.compiled.values()]
+            flops = sum(_flops(c) for c, _ in recorder.compiled.values())
             frames, cache_bytes = _cache_frames(list(recorder.compiled.values())[-1][0].out_info)
             result[part] = {
                 "input": list(video.shape),
@@ -422,6 +423,7 @@ def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None
                 "temp_bytes": max(m.temp_size_in_bytes for m in memory),
                 "cache_frames": frames,
                 "cache_bytes": cache_bytes,
+                "gflop": flops / 1e9,
             }
             video = out  # the decoder takes the encoder's latent
     finally:
@@ -429,8 +431,30 @@ def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None
     return result
 
 
+def _flops(compiled) -> float:
+    """XLA's count of floating-point operations in one call of a compiled step (per device on a mesh)."""
+    analysis = compiled.cost_analysis()
+    analysis = analysis[0] if isinstance(analysis, list) else analysis  # a list of one in older JAX
+    return float(analysis.get("flops", 0.0))
+
+
+def task_matmul_rate(size: int = 2048, calls: int = 5) -> dict:
+    """This CPU's matrix-multiply rate under XLA: the best of several float32 (size, size) products, GFLOP/s. What a
+    convolution-bound model could reach at most; the models' steady times are set against it."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((size, size), np.float32))
+    product = jax.jit(lambda x: x @ x)
+    product(a).block_until_ready()
+    best = min(_seconds_of(lambda: product(a).block_until_ready()) for _ in range(calls))
+    return {"size": size, "gflops": 2 * size**3 / best / 1e9}
+
+
 TASKS = {
     "convert": task_convert,
+    "matmul_rate": task_matmul_rate,
     "naive": task_naive,
     "load": task_load,
     "run": task_run,
@@ -509,6 +533,7 @@ def measure_model(
 ) -> dict:
     latent, video = shapes
     _SPENT.clear()
+    shapes = {"latent": list(latent), "video": list(video)}
     if compile_only:  # no weights: compiling needs the abstract model only
         return {"compile": _compile(model, layouts, smoke, size), "bench_seconds": dict(_SPENT)}
     made = time.perf_counter()
@@ -521,7 +546,7 @@ def measure_model(
     copy_s = time.perf_counter() - started
     (work / "copy.safetensors").unlink()
     _SPENT["checkpoint"] = time.perf_counter() - made
-    result = {"checkpoint_mb": size_mb, "copy_seconds": copy_s, "convert": {}, "run": {}}
+    result = {"checkpoint_mb": size_mb, "copy_seconds": copy_s, "convert": {}, "run": {}, "shapes": shapes}
     for target in ("flax", "torchax"):
         result["convert"][target] = _task(
             "convert", source=str(source), out=str(work / f"{model}-{target}"), model=model, target=target
@@ -622,7 +647,7 @@ def _cell(measured: dict, model: dict) -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"Machine: {results['device']}; {results['date']}; mode: {results['mode']}.", ""]
+    lines = [f"Machine: {results['device']}; {results['date']}; mode: {results['mode']}.", *_rate_line(results), ""]
     measured = {model: r for model, r in results["models"].items() if "convert" in r}
     if not measured:  # compile-only
         return "\n".join(lines + compile_table(results)[1:] + time_spent(results)) + "\n"
@@ -702,8 +727,51 @@ def markdown(results: dict) -> str:
         "flax: its first call also writes the steps into an empty persistent compilation cache; "
         "flax+cache = first call in another process finding them there (its steady calls are flax's); "
         "the last column is diffusers' steady decode time over this one's (above 1 is faster).",
+        *_share_of_rate(results),
     ]
     return "\n".join(lines + compile_table(results) + time_spent(results)) + "\n"
+
+
+def _rate_line(results: dict) -> list[str]:
+    if "matmul" not in results:
+        return []
+    m = results["matmul"]
+    return [
+        "",
+        f"Matrix-multiply rate: {m['gflops']:.0f} GFLOP/s (XLA, the best float32 ({m['size']}, {m['size']}) product).",
+    ]
+
+
+def _share_of_rate(results: dict) -> list[str]:
+    """Each jitted implementation's steady calls against the matrix-multiply rate: the operations XLA counts in
+    the one-device steps of the same input, over the time, as a share of the rate."""
+    if "matmul" not in results:
+        return []
+    rate, rows = results["matmul"]["gflops"], []
+    for model, r in results["models"].items():
+        one = r.get("compile", {}).get("one device")
+        if not one or "shapes" not in r or _channels_first(one["encoder"]["input"]) != r["shapes"]["video"]:
+            continue
+        for impl in ("flax", "torchax"):
+            steady = {part: r["run"].get(impl, {}).get(part, {}).get("steady") for part in ("decode", "encode")}
+            shares = [
+                f"{part} {one[step]['gflop']:.0f} GFLOP in {steady[part]:.2f} s = "
+                f"{one[step]['gflop'] / steady[part] / rate:.0%}"
+                for part, step in (("decode", "decoder"), ("encode", "encoder"))
+                if steady[part]
+            ]
+            if shares:
+                rows.append(f"{model} {impl}: {', '.join(shares)}")
+    if not rows:
+        return []
+    return [
+        "",
+        "Steady calls against the matrix-multiply rate (XLA's operation count of the step): " + "; ".join(rows) + ".",
+    ]
+
+
+def _channels_first(shape: list[int]) -> list[int]:
+    return [shape[0], shape[-1], *shape[1:-1]]
 
 
 def _seconds(value: float | None) -> str:
@@ -726,8 +794,8 @@ def compile_table(results: dict) -> list[str]:
         "largest over the steps; the cache is the causal cache a step passes on, over all devices.",
         "",
         "| model | layout | batch | part | input (channels-last) | step shapes | compile, slowest step | arguments "
-        "| outputs | temporaries | cache |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| outputs | temporaries | cache | GFLOP per device |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     splits = []
     for model, r in results["models"].items():
@@ -735,10 +803,12 @@ def compile_table(results: dict) -> list[str]:
             for part in ("encoder", "decoder"):
                 p = m[part]
                 cache = f"{_size(p['cache_bytes'])}, {p['cache_frames']} frames" if p["cache_frames"] else "none"
+                gflop = f"{p['gflop']:.0f}" if "gflop" in p else "-"  # "-": results from before the column
                 lines.append(
                     f"| {model} | {layout} | {m['batch']} | {part} | {tuple(p['input'])} | {p['steps']} | "
                     f"{p['compile_seconds']:.1f} s, {p['max_step_compile_seconds']:.1f} s | "
-                    f"{_size(p['argument_bytes'])} | {_size(p['output_bytes'])} | {_size(p['temp_bytes'])} | {cache} |"
+                    f"{_size(p['argument_bytes'])} | {_size(p['output_bytes'])} | {_size(p['temp_bytes'])} | {cache} | "
+                    f"{gflop} |"
                 )
         if {"one device", "mesh (1, 8)"} <= set(r.get("compile", {})):
             one, split = r["compile"]["one device"], r["compile"]["mesh (1, 8)"]
@@ -786,6 +856,8 @@ def main():
             "mode": "smoke" if args.smoke else "compile-only" if args.compile_only else "full",
             "models": {},
         }
+        if not args.smoke:
+            results["matmul"] = _task("matmul_rate")
         measured = cases(args.smoke, args.models)
         for model in measured:
             print(f"measuring {model} ...", file=sys.stderr)

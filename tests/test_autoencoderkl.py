@@ -77,12 +77,13 @@ def test_legacy_attention_names_convert_to_what_diffusers_loads(checkpoint, tmp_
     [
         ("ldm-checkpoint", "default-arch", "v1-5-pruned-emaonly.ckpt"),
         ("sd3-checkpoint", "sd3-layout", "sd3.safetensors"),
+        ("ldm-checkpoint-vae-prefix", "default-arch", "sdxl-merged.safetensors"),
     ],
 )
 def test_the_vae_of_a_whole_checkpoint_converts_and_the_rest_is_dropped(tmp_path, fmt, which, file_name):
-    """v1-5-pruned-emaonly.ckpt (its tensors under `state_dict`, beside the training step), sd3_medium.safetensors:
-    the VAE under first_stage_model. beside the UNet or transformer and the text encoders, which are counted by the
-    drop rule that takes them."""
+    """v1-5-pruned-emaonly.ckpt (its tensors under `state_dict`, beside the training step), sd3_medium.safetensors,
+    a checkpoint keeping its VAE under vae.: the VAE beside the UNet or transformer and the text encoders, which are
+    counted by the drop rule that takes them."""
     name, config = small(KL, which)
     config = {**config, **KL.testing().original_files["ldm"].config_changes}
     state = save_diffusers(KL, tmp_path / "diffusers", config).state_dict()

@@ -7,7 +7,8 @@ diffusers key it becomes:
   names of SD 1.5's VAE (built on the meta device).
 - autoencoderkl-ldm.json, autoencoderkl-bfl-flux1.json, autoencoderkl-ldm-checkpoint.json,
   autoencoderkl-sd3-checkpoint.json: the original (CompVis/LDM) layout: a standalone SD VAE file, BFL's Flux.1
-  `ae.safetensors` (no quant convs), and the VAE inside a whole SD/SDXL or SD3 checkpoint (`first_stage_model.`).
+  `ae.safetensors` (no quant convs), and the VAE inside a whole SD/SDXL or SD3 checkpoint (under `first_stage_model.`
+  or `vae.`, the two prefixes diffusers' single-file loader looks for: the `-vae-prefix` files).
   The pairing is diffusers' single-file converter, `convert_ldm_vae_checkpoint`: each LDM tensor holds a value of
   its own, and the converter's output tells which diffusers key each became; every LDM key must be used once and
   every key of diffusers' model produced.
@@ -106,6 +107,12 @@ LDM_FILES = {
         "first_stage_model.",
         "a whole SD3 checkpoint (sd3_medium.safetensors), its VAE under first_stage_model.",
     ),
+    "autoencoderkl-ldm-checkpoint-vae-prefix.json": (
+        SD15_CONFIG,
+        "vae.",
+        "a whole SD 1.x/2.x/SDXL checkpoint, its VAE under vae.",
+    ),
+    "autoencoderkl-sd3-checkpoint-vae-prefix.json": (SD3_CONFIG, "vae.", "a whole SD3 checkpoint, its VAE under vae."),
 }
 
 
