@@ -791,10 +791,11 @@ def compile_table(results: dict) -> list[str]:
         "Compiled, not run: every encode and decode step of each model's native video, the encoder's input, on a "
         "mesh its width rounded up to split over 'tp' "
         f"(Flax, float32; {devices}). Memory is XLA's analysis per device, the "
-        "largest over the steps; the cache is the causal cache a step passes on, over all devices.",
+        "largest over the steps; the cache is the causal cache a step passes on, over all devices; GFLOP is XLA's "
+        "count of one call of each distinct step, summed (a tiled call runs its steps once per tile).",
         "",
         "| model | layout | batch | part | input (channels-last) | step shapes | compile, slowest step | arguments "
-        "| outputs | temporaries | cache | GFLOP per device |",
+        "| outputs | temporaries | cache | GFLOP of the steps, per device |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     splits = []

@@ -76,16 +76,8 @@ TESTING = FamilyTesting(
     decode_steps=1,
 )
 
-# Flux.2's layout at small widths: quant convs, attention, 8 latent channels in 2x2 patches for the BatchNorm
-FLUX2_LAYOUT = dict(
-    block_out_channels=[8, 16, 16],
-    down_block_types=["DownEncoderBlock2D"] * 3,
-    up_block_types=["UpDecoderBlock2D"] * 3,
-    layers_per_block=1,
-    latent_channels=8,
-    norm_num_groups=4,
-    sample_size=32,
-)
+# Flux.2's layout at small widths: SD's, with 8 latent channels in 2x2 patches for the BatchNorm
+FLUX2_LAYOUT = dict(SD_LAYOUT, latent_channels=8)
 # a decoder narrower than the encoder (as FLUX.2-small-decoder's), no quant convs, no attention, 1x2 patches and
 # another BatchNorm epsilon
 FLUX2_NARROW_DECODER = dict(
