@@ -4,6 +4,7 @@ diffusers' model does."""
 
 from __future__ import annotations
 
+import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.utils import _triple
 
@@ -21,7 +22,10 @@ class QwenImage21CausalConv3d(nn.Conv2d):
         self.history = 2 * pt
 
     def forward(self, x, cache=None):
-        y = super().forward(x.squeeze(2)).unsqueeze(2)  # (B, C, 1, H, W): the models take one frame
+        # the frame kept as a time axis of one and the kernel given one tap: a convolution of the 5-D activations,
+        # which the torchax runtime computes channels-last, where squeezing the frame axis off would make XLA:CPU
+        # copy every output into the channels-first order of the 4-D view (the output is Conv2d's)
+        y = F.conv3d(x, self.weight.unsqueeze(2), self.bias, (1, *self.stride), (0, *self.padding))
         return (y, None) if self.history else y
 
 

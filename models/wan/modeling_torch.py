@@ -77,7 +77,9 @@ class WanUpsample(nn.Module):
     """Nearest-exact upsampling by 2 in H and W, which repeats each pixel (no parameters, as in diffusers)."""
 
     def forward(self, x):
-        return x.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
+        # repeated channels-last, the layout of the convolutions' activations under torchax (see WanRMS_norm)
+        last = x.movedim(1, -1).repeat_interleave(2, dim=-3).repeat_interleave(2, dim=-2)
+        return last.movedim(-1, 1)
 
 
 class AvgDown3D(nn.Module):
@@ -111,9 +113,13 @@ class DupUp3D(nn.Module):
     def forward(self, x, first_chunk=False):
         ft, fs = self.factor_t, self.factor_s
         b, _, t, h, w = x.shape
-        x = x.repeat_interleave(self.repeats, dim=1).reshape(b, self.out_channels, ft, fs, fs, t, h, w)
-        # (B, out, ft, fs, fs, T, H, W) -> (B, out, T, ft, H, fs, W, fs)
-        x = x.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, self.out_channels, t * ft, h * fs, w * fs)
+        # regrouped channels-last, the layout of the convolutions' activations under torchax (see WanRMS_norm)
+        last = (
+            x.movedim(1, -1).repeat_interleave(self.repeats, dim=-1).reshape(b, t, h, w, self.out_channels, ft, fs, fs)
+        )
+        # (B, T, H, W, out, ft, fs, fs) -> (B, T, ft, H, fs, W, fs, out)
+        last = last.permute(0, 1, 5, 2, 6, 3, 7, 4).reshape(b, t * ft, h * fs, w * fs, self.out_channels)
+        x = last.movedim(-1, 1)
         return x[:, :, ft - 1 :] if first_chunk else x
 
 
