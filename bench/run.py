@@ -33,19 +33,19 @@ def cases(smoke: bool, names: list[str] | None = None) -> dict:
     variant (Wan 2.1, Wan 2.2, CogVideoX...) with its validation latent and 64x64-pixel videos of its validation frame
     count, an image model at its native size (a 1024x1024 image and its latent); smoke: the first model at small
     widths, 4x4 latents and 32x32 videos."""
-    from converter.registry import MODELS, config_from_dict, first_of_each_variant, small_config
+    from converter.registry import config_from_dict, first_of_each_variant, get_model, small_config
 
-    entries = [MODELS[name] for name in names] if names else first_of_each_variant()
+    entries = [get_model(name) for name in names] if names else first_of_each_variant()
     result = {}
     for entry in entries[:1] if smoke else entries:
         family = entry.family
         config = config_from_dict(family, {**entry.config, **(small_config(entry) if smoke else {})})
         latent = list(family.validation_latent_shape(config))
-        video = list(family.validation_video_shape(config))
-        frames, height, width = family.native_video
+        video = list(family.validation_sample_shape(config))
+        *frames, height, width = family.native_size
         if smoke:
             latent[-2:], video[-2:] = [4, 4], [32, 32]
-        elif frames == 1:  # an image model: the images its pipelines make (its validation image encodes to its latent)
+        elif frames in ([], [1]):  # an image: the size its pipelines make (the validation image encodes to its latent)
             ratio = video[-1] // latent[-1]
             latent[-2:], video[-2:] = [height // ratio, width // ratio], [height, width]
         else:
@@ -176,7 +176,7 @@ def task_load(path: str, how: str) -> dict:
     import jax
 
     import converter
-    from converter.targets import collection_paused, read_output
+    from converter.output import collection_paused, read_output
 
     _import_everything()  # the model code too, as diffusers' class is imported before its from_pretrained
 
@@ -307,7 +307,7 @@ def _calls(impl: str, path: str, latent: list, video: list) -> tuple:
     return decode, encode
 
 
-# The compile-only measurements: each family's native video (FamilySpec.native_video; smoke: the small model and a
+# The compile-only measurements: each family's native video (FamilySpec.native_size; smoke: the small model and a
 # small video) in each layout, on 8 simulated devices.
 SMOKE_VIDEO = (1, 3, 9, 64, 64)
 LAYOUTS = {"one device": None, "tiled": None, "mesh (1, 8)": (1, 8), "mesh (2, 4)": (2, 4)}
@@ -387,15 +387,16 @@ def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None
     mesh_shape = LAYOUTS[layout]
     mesh = jax.make_mesh(mesh_shape, ("dp", "tp"), devices=jax.devices()[:SIMULATED_DEVICES]) if mesh_shape else None
     batch = mesh_shape[0] if mesh_shape else 1  # a batch "dp" splits
-    channels = entry.family.validation_video_shape(config)[1]
-    _, c, t, h, w = SMOKE_VIDEO if smoke else (1, channels, *entry.family.native_video)
+    channels = entry.family.validation_sample_shape(config)[1]
+    *sizes, h, w = SMOKE_VIDEO[2:] if smoke else entry.family.native_size
     if size:  # --compile-size: another height and width than the native video's
         h, w = size
     if mesh_shape:  # the latent's width must split over "tp": the native width rounded up to where it does
-        ratio = entry.family.validation_video_shape(config)[-1] // entry.family.validation_latent_shape(config)[-1]
+        ratio = entry.family.validation_sample_shape(config)[-1] // entry.family.validation_latent_shape(config)[-1]
         w = -(-w // (ratio * mesh_shape[1])) * ratio * mesh_shape[1]
-    # channels-last; an image model's without frames
-    video = jax.ShapeDtypeStruct((batch, h, w, c) if entry.family.image else (batch, t, h, w, c), np.float32)
+    # channels-last, of the model's rank (an image's without frames)
+    sizes = sizes if entry.family.frame_axis else []
+    video = jax.ShapeDtypeStruct((batch, *sizes, h, w, channels), np.float32)
     inputs = decode_inputs(entry.family, config)
 
     def run(part, state, x):

@@ -1,4 +1,4 @@
-"""vae-convert: Hugging Face PyTorch video-VAE checkpoints -> Flax NNX (Orbax) or torchax (safetensors) weights.
+"""vae-convert: PyTorch VAE checkpoints (diffusers' or original release files) -> Flax NNX (Orbax) or torchax weights.
 
 The installed package holds the converter and, beneath it, `converter.models` (the implementations) and
 `converter.mappings` (the mapping files). `load`, `save` and `enable_compile_cache` import the rest on first use, so

@@ -14,8 +14,8 @@ import re
 import warnings
 from pathlib import Path
 
+from converter.output import load_output
 from converter.structure_cache import note
-from converter.targets import load_output
 
 COMPILE_CACHE_ENV = "VAE_CONVERT_COMPILE_CACHE"
 

@@ -11,9 +11,9 @@ import json
 import time
 from pathlib import Path
 
-from converter import mapping, targets
+from converter import mapping, source_formats, targets
 from converter.errors import ConvertError
-from converter.registry import FAMILIES, MODELS, config_from_dict, configs_to_check
+from converter.registry import FAMILIES, config_from_dict, configs_to_check, format_model
 
 
 @dataclasses.dataclass
@@ -66,6 +66,7 @@ def check_files(paths: list[Path], only_target: str | None, pairings: list[Path]
         reports.append(report)
         try:
             rules = mapping.load_mapping(path)
+            source_formats.ensure_models_known(rules)
             unknown = [f for f in rules.families if f not in FAMILIES]
             if unknown:
                 raise ConvertError(f"{path}:1: unknown family {unknown[0]!r} (known: {', '.join(FAMILIES)})")
@@ -128,7 +129,7 @@ def _check_format(rules, fmt, configs, pairings: list[Path] | None) -> FormatRep
         problems = [
             f"signature key {key!r} ({fmt.where}) is not a key of config {name}, or of another rank"
             for name, family, config in configs
-            if fmt.model is None or family is MODELS[fmt.model].family
+            if fmt.model is None or family is format_model(fmt.model, rules.families).family
             for key in fmt.unfit_signature(targets.diffusers_shapes(family, config))
         ]
         return FormatReport(fmt.name, False, None, 0, [], problems)
@@ -139,16 +140,19 @@ def _check_format(rules, fmt, configs, pairings: list[Path] | None) -> FormatRep
     found = [Path(folder) / fmt.pairings for folder in pairings if (Path(folder) / fmt.pairings).exists()]
     path = found[0] if found else Path(pairings[0]) / fmt.pairings  # the first folder's, to name it missing
     try:
-        listed = json.loads(path.read_text())["keys"]
-    except (OSError, ValueError, KeyError) as e:
+        listed = json.loads(path.read_text())
+        family, config = _proven_at(rules, fmt, listed)
+        listed = listed["keys"]
+    except (OSError, ValueError, KeyError, ConvertError) as e:
         return FormatReport(fmt.name, True, str(path), 0, [], [f"{path}: not a readable pairings file ({e})"])
-    if fmt.model not in MODELS:
-        return FormatReport(fmt.name, True, str(path), len(listed), [], [f"{fmt.where}: unknown model {fmt.model!r}"])
-    family = MODELS[fmt.model].family
-    config = config_from_dict(family, MODELS[fmt.model].config)
-    diffusers = targets.diffusers_shapes(family, config)
+    specs = targets.diffusers_specs(family, config)
+    diffusers = {k: shape for k, (shape, _) in specs.items()}
+    try:
+        source_formats.ensure_filled_are_counts(fmt, specs)
+    except ConvertError as e:
+        return FormatReport(fmt.name, True, str(path), len(listed), [], [str(e)])
     source = {k: tuple(v["shape"]) for k, v in listed.items()}
-    result = mapping.rename_keys(rules, fmt, source, diffusers)
+    result = mapping.rename_keys(rules, fmt, source, diffusers, config.to_dict())
     problems = list(result.problems)
     for a in result.assignments:
         said = listed[a.source_key]["diffusers"]
@@ -165,10 +169,22 @@ def _check_format(rules, fmt, configs, pairings: list[Path] | None) -> FormatRep
         if k not in listed and not any(rule.pattern.fullmatch(k) for rule in fmt.drops)
     ]
     problems += [
-        f"rule {r.name!r} ({r.where}) matches no key of {fmt.pairings}" for r in fmt.rules if not result.hits[r]
+        f"rule {r.shown_name!r} ({r.where}) matches no key of {fmt.pairings}" for r in fmt.rules if not result.hits[r]
     ]
-    rule_rows = [{"name": r.name, "where": r.where, "hits": result.hits[r]} for r in fmt.rules + fmt.drops]
+    rule_rows = [{"name": r.shown_name, "where": r.where, "hits": result.hits[r]} for r in fmt.rules + fmt.drops]
     return FormatReport(fmt.name, True, str(path), len(listed), rule_rows, problems)
+
+
+def _proven_at(rules, fmt, pairings: dict) -> tuple:
+    """The family and config a format's pairings are proven at: its model's; for a format of any model of the
+    family (no `model`), the pairings' `original_config` over the family's defaults."""
+    if fmt.model is not None:
+        model = format_model(fmt.model, rules.families)
+        return model.family, config_from_dict(model.family, model.config)
+    if len(rules.families) != 1:
+        raise ConvertError(f"{fmt.where}: a format shared by several families names its 'model'")
+    family = FAMILIES[rules.families[0]]
+    return family, config_from_dict(family, pairings.get("original_config", {}))
 
 
 def _check_target(rules, configs, target) -> TargetReport:

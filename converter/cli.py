@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from converter.errors import ConvertError, MappingError
-from converter.registry import FAMILIES, MODELS, config_from_dict, get_model
+from converter.registry import COMPONENT_MODELS, FAMILIES, MODELS, config_from_dict, get_model
 from converter.targets import TARGETS
 
 FORMAT_NAMES = tuple(dict.fromkeys(fmt for target in TARGETS.values() for fmt in target.formats))
@@ -28,6 +28,18 @@ class ModelGroup(click.Group):
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             return "convert", self.commands["convert"], args
         return super().resolve_command(ctx, args)
+
+
+class ModelArgument(click.ParamType):
+    """A model name, or `name:component` for another pipeline component than its VAE (its --component)."""
+
+    name = "model"
+
+    def convert(self, value, param, ctx):
+        names = sorted({name for name, _ in COMPONENT_MODELS})
+        if value.partition(":")[0] not in names:
+            self.fail(f"{value!r} is not a model name (known: {', '.join(names)})", param, ctx)
+        return value
 
 
 @click.group(
@@ -44,7 +56,7 @@ class ModelGroup(click.Group):
     help="The versions of vae-convert and of what it runs with (jax, flax, orbax, torch, torchax ...).",
 )
 def cli():
-    """Convert video-VAE checkpoints (diffusers' layout or the original release files, local or on the Hugging Face
+    """Convert VAE checkpoints (diffusers' layout or the original release files, local or on the Hugging Face
     Hub) to Flax NNX (Orbax) or torchax (safetensors) weights, and back to diffusers.
 
     \b
@@ -55,9 +67,15 @@ def cli():
 
 
 @cli.command()
-@click.argument("model", type=click.Choice(list(MODELS)), metavar="MODEL")
+@click.argument("model", type=ModelArgument(), metavar="MODEL")
 @click.option("--to", "target", type=click.Choice(list(TARGETS)), required=True, help="Target implementation.")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="Output directory (must not exist).")
+@click.option(
+    "--component",
+    metavar="NAME",
+    help="The pipeline component to convert: vae (default), audio_vae, vocoder (`vae-convert list` shows a model's; "
+    "MODEL:NAME says the same).",
+)
 @click.option(
     "--source",
     help="Local diffusers folder, .safetensors file, shard index, original release file (.pth/.pt), or Hub repo "
@@ -116,6 +134,7 @@ def convert(
     model,
     target,
     out,
+    component,
     source,
     revision,
     source_format,
@@ -143,7 +162,7 @@ def convert(
         from converter.pipeline import Request
 
         return Request(
-            model=get_model(model),
+            model=get_model(model, component),
             target=TARGETS[target],
             out=out,
             source=source,
@@ -244,8 +263,8 @@ def export(
 @click.option("-v", "--verbose", is_flag=True, help="Tracebacks on errors.")
 def publish(out, repo_id, private, revision, create_pr, commit_message, verbose):
     """Upload a converted output DIR to the Hub as ORG/NAME, with a generated model card."""
+    from converter.output import read_output
     from converter.publish import check_write_access
-    from converter.targets import read_output
 
     _guarded(lambda: read_output(out.expanduser().absolute()), verbose)
     _guarded(lambda: check_write_access(repo_id), verbose)
@@ -273,7 +292,7 @@ def info(out, as_json):
 
 
 def _describe_output(manifest: dict) -> str:
-    from converter.validate import Comparison
+    from converter.validate import check_from_dict
 
     source = manifest.get("source", {})
     if "revision" in source:
@@ -283,8 +302,10 @@ def _describe_output(manifest: dict) -> str:
         if "verified" in source:
             origin += f"\n  verified: {source['verified']}"
     elif "exported_from" in source:
-        earlier = source.get("flax_output", {}).get("source", {})
-        origin = f"exported from the Flax output {source['origin']} (made from {earlier.get('origin')})"
+        earlier = (source.get("output") or source.get("flax_output") or {}).get("source", {})
+        origin = (
+            f"exported from the {source['exported_from']} output {source['origin']} (made from {earlier.get('origin')})"
+        )
     elif "saved_from" in source:
         origin = f"saved by converter.save from {source['origin']}"
     else:
@@ -297,6 +318,15 @@ def _describe_output(manifest: dict) -> str:
         f"source:   {origin}",
         *([f"layout:   {source['format']}"] if "format" in source else []),
         *[f"dropped:  {d['tensors']} tensor(s) by rule {name}" for name, d in source.get("dropped", {}).items()],
+        *[
+            f"filled:   {key} = {value}, absent from the file (as diffusers' loader fills it)"
+            for key, value in source.get("filled", {}).items()
+        ],
+        *(
+            [f"config:   {', '.join(source['config_inferred'])} read from the tensors (the file brought none)"]
+            if source.get("config_inferred")
+            else []
+        ),
         f"mapping:  {mapping.get('file')} sha256 {mapping.get('sha256')}",
         f"tool:     {manifest.get('tool')} {manifest.get('version')}",
     ]
@@ -308,7 +338,7 @@ def _describe_output(manifest: dict) -> str:
     if validation is None:
         lines.append("validation: not run (--no-validate)")
     else:
-        checks = [Comparison.from_dict(c) for c in validation["checks"]]
+        checks = [check_from_dict(c) for c in validation["checks"]]
         # the rows decide: a manifest that says ok above a row over its tolerance contradicts itself
         if validation["ok"] and all(c.ok for c in checks):
             verdict = "passed"
@@ -316,7 +346,10 @@ def _describe_output(manifest: dict) -> str:
             verdict = "FAILED (the manifest says passed, but a check is over its tolerance)"
         else:
             verdict = "FAILED (kept with --keep-invalid)"
-        lines.append(f"validation: {verdict}, tolerance {validation['rtol']:.0e} x max(1, max |reference|)")
+        lines.append(
+            f"validation: {verdict}, each value within {validation['rtol']:.0e} x max(1, |its reference|, its "
+            "channel's median |reference|)"
+        )
         lines += [c.line() for c in checks]
     return "\n".join(lines)
 
@@ -324,8 +357,9 @@ def _describe_output(manifest: dict) -> str:
 @cli.command("list")
 @click.option("--markdown", is_flag=True, help="A Markdown table (the README's).")
 def list_models(markdown):
-    """The model names MODEL takes: Hub repo, VAE, parameters and how pipelines scale its latents. A repo marked *
-    was not verified: no public page of it was found; its id follows the family's naming."""
+    """The model names MODEL takes, each pipeline component under its own (`ltx-2:audio_vae`, or `ltx-2 --component
+    audio_vae`): Hub repo, VAE, parameters and how pipelines scale its latents. A repo marked * was not verified: no
+    public page of it was found; its id follows the family's naming."""
     from converter.targets import meta_torch
 
     rows = [("MODEL", "HUB REPO (subfolder)", "VAE", "PARAMETERS", "LATENT SCALING")]
@@ -333,7 +367,8 @@ def list_models(markdown):
         for m in family.models:
             config = config_from_dict(family, m.config)
             parameters = sum(p.numel() for p in meta_torch(family, config).parameters())
-            name, aliases = (f"`{m.name}`", [f"`{a}`" for a in m.aliases]) if markdown else (m.name, m.aliases)
+            qualified = get_model(m.name, family.component).qualified
+            name, aliases = (f"`{qualified}`", [f"`{a}`" for a in m.aliases]) if markdown else (qualified, m.aliases)
             name += f" ({', '.join(aliases)})" if aliases else ""
             repo = f"{m.repo_id}{'' if m.verified else ' *'} ({m.subfolder}/)" if m.subfolder else m.repo_id
             rows.append((name, repo, config.variant, f"{parameters / 1e6:.1f}M", config.latent_scaling))
@@ -349,7 +384,7 @@ def list_models(markdown):
 
 
 @cli.command("random-checkpoint")
-@click.argument("model", type=click.Choice(list(MODELS)), metavar="MODEL")
+@click.argument("model", type=ModelArgument(), metavar="MODEL")
 @click.argument("out", type=click.Path(path_type=Path))
 @click.option("--small", is_flag=True, help="Small widths instead of the real architecture's size.")
 @click.option("--seed", default=0, show_default=True)

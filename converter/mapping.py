@@ -4,9 +4,14 @@ A mapping file (mappings/<family>.yaml) has one section per target, each a list 
 once under `patterns` for rules to use as {name}. A rule is data:
   match:     a regex that must match the whole source key (it is anchored whatever it says)
   to:        the target key, a template filled from the match: {1}, {2}... or {name} for named groups
-  lookup:    {group: table}: the named group's text is replaced by its entry in one of the format's `lookups`
-             (index renumbering: the original Wan decoder's flat `upsamples.N`)
+  lookup:    {group: table}: the named group's text is replaced by its entry in a table of `lookups` (the file's,
+             or the format's own)
+  index:     {group: expression}: the named group's number replaced by an integer expression of it and of the
+             config's fields (`len(block_out_channels) - 1 - i`: the LDM decoder's levels counted from the top, at
+             any depth); a rule with one renames only with a config (`config` below)
   transpose / squeeze / reshape: layout changes, applied in the order they are written in the rule
+A list of rules may name a set of rules the file declares once under `rule_sets` (`- use: ldm-shared`), which
+check-mappings reports by set; YAML anchors and aliases are refused, so that what a format holds is what it says.
 
 Target keys are dotted paths; a numeric part is a list index (Flax `nnx.List`), never a position in a sort.
 `plan` checks everything that can be checked without data, both ways, before a byte is read or written:
@@ -15,13 +20,14 @@ each source key matched by exactly one rule, each target leaf filled exactly onc
 `source_formats` holds, per checkpoint layout a user may bring (diffusers' own, the original releases), how to
 recognise it (`signature`: keys only it has, a key written `{key: rank}` where another class has it at another
 rank), how it is packed (`container`), `rules` renaming its keys to diffusers' keys (none: the keys are diffusers'
-already), `drop` rules for tensors that are no model weights, and `absent`: counts a format's files may lack, with
-the value diffusers' loader gives them. The target rules then apply to the renamed keys,
-so one set of target rules serves every format.
+already), `drop` rules for tensors that are no model weights, and `filled`: counts a format's files may lack, filled
+with the value diffusers' loader gives them. The target rules then apply to the renamed keys, so one set of target
+rules serves every format.
 """
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.resources
 import re
@@ -33,17 +39,99 @@ import yaml
 
 from converter.errors import MappingError
 from converter.models.common.config import shown
-from converter.registry import MODELS
 
 # The fields each part of a mapping file may have (docs/mapping-format.md documents each; a test keeps the two equal)
-TOP_FIELDS = {"family", "patterns", "targets", "source_formats"}
-RULE_FIELDS = {"name", "match", "to", "lookup", "transpose", "squeeze", "reshape"}
+TOP_FIELDS = {"family", "patterns", "lookups", "rule_sets", "targets", "source_formats"}
+RULE_FIELDS = {"name", "match", "to", "lookup", "index", "transpose", "squeeze", "reshape"}
 DROP_FIELDS = {"name", "match"}
-FORMAT_FIELDS = {"about", "model", "pairings", "signature", "container", "config", "lookups", "rules", "drop", "absent"}
+USE_FIELDS = {"use"}  # a list entry standing for a rule set
+FORMAT_FIELDS = {
+    "about",
+    "model",
+    "pairings",
+    "signature",
+    "container",
+    "prefix",
+    "config",
+    "lookups",
+    "rules",
+    "drop",
+    "filled",
+}
+INT64 = (-(2**63), 2**63 - 1)  # the range of a count diffusers keeps (a filled value must fit it)
 CONFIG_SOURCES = ("metadata", "folder")  # where a format's files keep their config (`config:`), besides none
 CONTAINER_FIELDS = {"wrapper", "optional"}
 LAYOUT_OPS = ("transpose", "squeeze", "reshape")
 MAPPINGS_DIR = Path(str(importlib.resources.files("converter.mappings")))
+
+
+_INDEX_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b}
+MAX_EXPRESSION = 120  # characters: an index expression is a short formula
+
+
+@dataclasses.dataclass(frozen=True)
+class IndexExpression:
+    """An integer formula of a rule's group and the config's fields: integers, names, `len(field)` of a list field,
+    + - * and parentheses. Parsed and checked when the mapping is read; computed for each key."""
+
+    text: str
+    tree: ast.expr
+
+    @classmethod
+    def parse(cls, where: str, text) -> IndexExpression:
+        if not isinstance(text, str) or len(text) > MAX_EXPRESSION:
+            raise MappingError(f"{where}: an index expression is a formula of at most {MAX_EXPRESSION} characters")
+        try:
+            tree = ast.parse(text, mode="eval").body
+        except SyntaxError:
+            raise MappingError(f"{where}: index expression {shown(text)} is not a formula") from None
+        for node in ast.walk(tree):
+            allowed = (
+                isinstance(node, (ast.BinOp, ast.Name, ast.Load, ast.USub, *_INDEX_OPS))
+                or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub))
+                or (isinstance(node, ast.Constant) and type(node.value) is int)
+                or (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Name)
+                    and node.func.id == "len"
+                    and len(node.args) == 1
+                    and isinstance(node.args[0], ast.Name)
+                    and not node.keywords
+                )
+            )
+            if not allowed or (isinstance(node, ast.BinOp) and type(node.op) not in _INDEX_OPS):
+                raise MappingError(
+                    f"{where}: index expression {shown(text)} may hold integers, names, len(name), + - * and "
+                    "parentheses only"
+                )
+        return cls(text, tree)
+
+    def value(self, index: str, group: str, config: dict | None) -> int:
+        if not index.isascii() or not index.isdigit():
+            raise LookupError(f"{group} {index!r} is not a number for index expression {self.text!r}")
+        if config is None:
+            raise LookupError(f"index expression {self.text!r} needs the config")
+        value = self._eval(self.tree, {**config, group: int(index)})
+        if value < 0:
+            raise LookupError(f"index expression {self.text!r} gives {value} for {group} {index}")
+        return value
+
+    def _eval(self, node, names: dict) -> int:
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, ast.UnaryOp):
+            return -self._eval(node.operand, names)
+        if isinstance(node, ast.BinOp):
+            return _INDEX_OPS[type(node.op)](self._eval(node.left, names), self._eval(node.right, names))
+        name = node.args[0].id if isinstance(node, ast.Call) else node.id
+        value = names.get(name)
+        if isinstance(node, ast.Call):
+            if not isinstance(value, (list, tuple)):
+                raise LookupError(f"index expression {self.text!r}: the config's {name} is not a list")
+            return len(value)
+        if type(value) is not int:
+            raise LookupError(f"index expression {self.text!r}: the config has no whole number {name}")
+        return value
 
 
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (lookup tables are dicts)
@@ -54,14 +142,24 @@ class Rule:
     ops: tuple[tuple[str, tuple[int, ...]], ...]
     where: str  # file:line, for messages
     lookups: tuple[tuple[str, str, dict[str, str]], ...] = ()  # (group, table name, table)
+    indices: tuple[tuple[str, IndexExpression], ...] = ()  # (group, expression of it and the config)
+    rule_set: str | None = None  # the `rule_sets` entry it came from
 
-    def target_key(self, match: re.Match) -> str:
-        """The filled `to` template; raises LookupError when a looked-up index is not in its table."""
+    @property
+    def shown_name(self) -> str:
+        """Its name in reports: `set/name` for a rule of a rule set."""
+        return f"{self.rule_set}/{self.name}" if self.rule_set else self.name
+
+    def target_key(self, match: re.Match, config: dict | None = None) -> str:
+        """The filled `to` template, index expressions computed with `config` (the config.json fields); raises
+        LookupError when a looked-up index is not in its table or an expression cannot be computed."""
         named = match.groupdict()
         for group, table_name, table in self.lookups:
             if named[group] not in table:
                 raise LookupError(f"{group} {named[group]} is not in lookup {table_name!r} ({', '.join(table)})")
             named[group] = table[named[group]]
+        for group, expression in self.indices:
+            named[group] = str(expression.value(named[group], group, config))
         return self.to.format(match.group(0), *match.groups(), **named)
 
 
@@ -85,7 +183,18 @@ class SourceFormat:
     wrapper_optional: bool = False  # the files keep their tensors under `wrapper` or at the top level (safetensors)
     # diffusers keys of counts the files may lack -> the value diffusers' loader gives them (BatchNorm's count of
     # batches: PyTorch loads a file without it as 0)
-    absent: dict = dataclasses.field(default_factory=dict)
+    filled: dict = dataclasses.field(default_factory=dict)
+    # the files keep the model's keys under this prefix, beside other models' keys: the rules read the keys under it
+    # (without it), the drop rules the others
+    prefix: str = ""
+
+    def candidates(self, key: str) -> tuple[str, tuple[Rule, ...]]:
+        """The name the rules see a key by, and the rules (or drop rules) that may take it."""
+        if not self.prefix:
+            return key, self.rules + self.drops
+        if key.startswith(self.prefix):
+            return key[len(self.prefix) :], self.rules
+        return key, self.drops
 
     def packs(self, wrapper: str | None) -> bool:
         """Whether files of this format keep their tensors as one does under `wrapper` (None: at the top level)."""
@@ -119,18 +228,42 @@ class Mapping:
 
 
 class _LineLoader(yaml.SafeLoader):
-    """Records the line of every mapping so errors can name file:line."""
+    """Records the line of every mapping so errors can name file:line, and refuses YAML's aliases and merge keys:
+    what the file shares, it shares by name (`rule_sets`, file-wide `lookups`), so each format reads as it is."""
 
     def construct_mapping(self, node, deep=False):
         mapping = super().construct_mapping(node, deep=deep)
         mapping["__line__"] = node.start_mark.line + 1
         return mapping
 
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise MappingError(
+                f"{self.name}:{mark.line + 1}: a YAML alias; share rules by name (rule_sets and `- use: NAME`) or "
+                "lookups at the file's top level"
+            )
+        return super().compose_node(parent, index)
+
+    def flatten_mapping(self, node):
+        for key, _ in node.value:
+            if key.tag == "tag:yaml.org,2002:merge":
+                raise MappingError(
+                    f"{self.name}:{key.start_mark.line + 1}: a YAML merge key (<<); share lookups at the file's top "
+                    "level instead"
+                )
+        super().flatten_mapping(node)
+
 
 def load_mapping(path: str | Path) -> Mapping:
     path = Path(path)
     try:
-        doc = yaml.load(path.read_text(), Loader=_LineLoader)
+        loader = _LineLoader(path.read_text())
+        loader.name = str(path)
+        try:
+            doc = loader.get_single_data()
+        finally:
+            loader.dispose()
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         raise MappingError(f"{path}:{mark.line + 1}: YAML syntax error: {e.problem}") from None
@@ -142,26 +275,81 @@ def load_mapping(path: str | Path) -> Mapping:
     if unknown:
         raise MappingError(f"{path}:{doc['__line__']}: unknown top-level field(s): {', '.join(sorted(unknown))}")
     patterns = _patterns(path, doc.get("patterns", {}))
+    shared = _Shared(path, patterns, _tables(f"{path}:{doc['__line__']}", doc.get("lookups", {})), doc)
     targets = {}
     for target, rules in doc["targets"].items():
         if target == "__line__":
             continue
         if not isinstance(rules, list):
             raise MappingError(f"{path}:{doc['targets']['__line__']}: target {target!r} must be a list of rules")
-        targets[target] = tuple(_parse_rule(path, raw, patterns) for raw in rules)
+        targets[target] = shared.rules(rules, f"target {target!r}")
     raw_formats = doc.get("source_formats", {"__line__": doc["__line__"]})
     if not isinstance(raw_formats, dict):
         raise MappingError(f"{path}:{doc['__line__']}: 'source_formats' must map format names to their sections")
-    formats = {
-        name: _parse_format(path, name, raw, patterns) for name, raw in raw_formats.items() if name != "__line__"
-    }
+    formats = {name: _parse_format(shared, name, raw) for name, raw in raw_formats.items() if name != "__line__"}
     families = doc["family"] if isinstance(doc["family"], list) else [doc["family"]]
     if not families or not all(isinstance(f, str) for f in families):
         raise MappingError(f"{path}:{doc['__line__']}: 'family' must name a family, or list several")
     return Mapping(families=tuple(families), path=path, targets=targets, formats=formats)
 
 
-def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> SourceFormat:
+class _Shared:
+    """What a file declares once for its rules: patterns, file-wide lookup tables, rule sets (parsed on first use,
+    each once, so check-mappings counts a set's hits across the formats that use it)."""
+
+    def __init__(self, path: Path, patterns: dict, tables: dict, doc: dict):
+        self.path, self.patterns, self.tables = path, patterns, tables
+        raw_sets = doc.get("rule_sets", {})
+        if not isinstance(raw_sets, dict) or not all(
+            isinstance(v, list) for k, v in raw_sets.items() if k != "__line__"
+        ):
+            raise MappingError(f"{path}:{doc['__line__']}: 'rule_sets' maps set names to lists of rules")
+        self.raw_sets = {k: v for k, v in raw_sets.items() if k != "__line__"}
+        self.parsed_sets: dict[tuple, tuple[Rule, ...]] = {}
+
+    def rules(self, raw, what: str, tables: dict | None = None, fields=RULE_FIELDS) -> tuple[Rule, ...]:
+        """A list of rules, where an entry `{use: NAME}` stands for the rule set of that name."""
+        if not isinstance(raw, list):
+            raise MappingError(f"{self.path}: {what} must be a list of rules")
+        out = []
+        for entry in raw:
+            if isinstance(entry, dict) and set(entry) - {"__line__"} == USE_FIELDS:
+                out += self._set(entry, tables, fields)
+            else:
+                out.append(_parse_rule(self.path, entry, self.patterns, tables, fields))
+        return tuple(out)
+
+    def _set(self, entry: dict, tables, fields) -> tuple[Rule, ...]:
+        name, where = entry["use"], f"{self.path}:{entry['__line__']}"
+        if not isinstance(name, str) or name not in self.raw_sets:
+            raise MappingError(
+                f"{where}: 'use' names {shown(name)}, not a rule set (declared: {', '.join(self.raw_sets) or 'none'})"
+            )
+        key = (name, id(tables), fields is DROP_FIELDS)
+        if key not in self.parsed_sets:
+            rules = []
+            for raw in self.raw_sets[name]:
+                if isinstance(raw, dict) and "use" in raw:
+                    raise MappingError(f"{where}: rule set {name!r} uses another set; sets hold rules only")
+                rule = _parse_rule(self.path, raw, self.patterns, tables, fields)
+                rules.append(dataclasses.replace(rule, rule_set=name))
+            self.parsed_sets[key] = tuple(rules)
+        return self.parsed_sets[key]
+
+
+def _tables(where: str, lookups) -> dict[str, dict[str, str]]:
+    """Lookup tables, `{table: {index: replacement}}`."""
+    if not isinstance(lookups, dict) or not all(isinstance(t, dict) for k, t in lookups.items() if k != "__line__"):
+        raise MappingError(f"{where}: 'lookups' must map table names to tables (index: replacement)")
+    return {
+        table: {str(k): str(v) for k, v in entries.items() if k != "__line__"}
+        for table, entries in lookups.items()
+        if table != "__line__"
+    }
+
+
+def _parse_format(shared: _Shared, name: str, raw) -> SourceFormat:
+    path = shared.path
     if not isinstance(raw, dict):
         raise MappingError(f"{path}: source format {name!r} must be a mapping")
     where = f"{path}:{raw['__line__']}"
@@ -180,29 +368,31 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
         )
     if not isinstance(container.get("optional", False), bool):
         raise MappingError(f"{where}: the container's 'optional' is true or false, got {shown(container['optional'])}")
-    lookups = raw.get("lookups", {})
-    if not isinstance(lookups, dict) or not all(isinstance(t, dict) for k, t in lookups.items() if k != "__line__"):
-        raise MappingError(f"{where}: 'lookups' must map table names to tables (index: replacement)")
-    tables = {
-        table: {str(k): str(v) for k, v in entries.items() if k != "__line__"}
-        for table, entries in lookups.items()
-        if table != "__line__"
-    }
-    rules = tuple(_parse_rule(path, r, patterns, tables) for r in _flattened(raw.get("rules", [])))
-    drops = tuple(_parse_rule(path, r, patterns, fields=DROP_FIELDS) for r in _flattened(raw.get("drop", [])))
+    own = _tables(where, raw.get("lookups", {}))
+    clash = sorted(own.keys() & shared.tables.keys())
+    if clash:
+        raise MappingError(f"{where}: lookup table(s) {', '.join(clash)} already declared at the file's top level")
+    tables = {**shared.tables, **own} if own else shared.tables
+    rules = shared.rules(raw.get("rules", []), f"the rules of source format {name!r}", tables)
+    drops = shared.rules(raw.get("drop", []), f"the drop rules of source format {name!r}", fields=DROP_FIELDS)
     model, pairings = raw.get("model"), raw.get("pairings")
-    if model is not None and (not isinstance(model, str) or model not in MODELS):
+    if model is not None and not isinstance(model, str):
         raise MappingError(f"{where}: 'model' of source format {name!r} is {shown(model)}, not a model name")
     if pairings is not None and (not isinstance(pairings, str) or Path(pairings).name != pairings):
         raise MappingError(f"{where}: 'pairings' of source format {name!r} must be a file name, got {shown(pairings)}")
-    absent = raw.get("absent", {})
-    if not isinstance(absent, dict) or not all(
-        isinstance(v, int) and not isinstance(v, bool) for k, v in absent.items() if k != "__line__"
+    filled = raw.get("filled", {})
+    if not isinstance(filled, dict) or not all(
+        type(v) is int and INT64[0] <= v <= INT64[1] for k, v in filled.items() if k != "__line__"
     ):
-        raise MappingError(f"{where}: 'absent' of source format {name!r} maps diffusers keys to whole numbers")
+        raise MappingError(
+            f"{where}: 'filled' of source format {name!r} maps diffusers keys of counts to whole numbers within int64"
+        )
     config = raw.get("config")
     if config is not None and config not in CONFIG_SOURCES:
         raise MappingError(f"{where}: 'config' of source format {name!r} must be one of {list(CONFIG_SOURCES)}")
+    prefix = raw.get("prefix", "")
+    if not isinstance(prefix, str):
+        raise MappingError(f"{where}: 'prefix' of source format {name!r} is a string, got {shown(prefix)}")
     return SourceFormat(
         name=name,
         about=str(raw.get("about", name)),
@@ -216,7 +406,8 @@ def _parse_format(path: Path, name: str, raw, patterns: dict[str, str]) -> Sourc
         drops=drops,
         where=where,
         config_from=config,
-        absent={str(k): v for k, v in absent.items() if k != "__line__"},
+        filled={str(k): v for k, v in filled.items() if k != "__line__"},
+        prefix=prefix,
     )
 
 
@@ -235,13 +426,6 @@ def _signature(where: str, name: str, raw) -> tuple[tuple[str, ...], dict[str, i
             f"{where}: source format {name!r} needs a 'signature': a list of keys only it has (a key or {{key: rank}})"
         )
     return tuple(e if isinstance(e, str) else next(iter(e)) for e in entries), ranked
-
-
-def _flattened(rules) -> list:
-    """A format's rules, where an entry may be a list of rules (a YAML alias to rules several formats share)."""
-    if not isinstance(rules, list):
-        raise MappingError("a source format's 'rules' must be a list")
-    return [r for entry in rules for r in (entry if isinstance(entry, list) else [entry])]
 
 
 def _patterns(path: Path, raw) -> dict[str, str]:
@@ -287,6 +471,7 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
         raise MappingError(f"{where}: bad regex {raw['match']!r}: {e}") from None
     _check_template(where, raw["to"], pattern)
     lookups = _lookups(where, raw.get("lookup", {}), pattern, tables)
+    indices = _indices(where, raw.get("index", {}), pattern, None if tables is None else {g for g, _, _ in lookups})
     ops = []
     for op in (k for k in raw if k in LAYOUT_OPS):
         value = raw[op]
@@ -296,7 +481,7 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
     name = raw.get("name", raw["match"])
     if not isinstance(name, str):
         raise MappingError(f"{where}: a rule's 'name' must be a string, got {shown(name)}")
-    return Rule(name=name, pattern=pattern, to=raw["to"], ops=tuple(ops), where=where, lookups=lookups)
+    return Rule(name=name, pattern=pattern, to=raw["to"], ops=tuple(ops), where=where, lookups=lookups, indices=indices)
 
 
 def _check_template(where: str, template: str, pattern: re.Pattern):
@@ -323,7 +508,7 @@ def _lookups(where: str, raw, pattern: re.Pattern, tables) -> tuple:
     if not raw:
         return ()
     if tables is None:
-        raise MappingError(f"{where}: 'lookup' belongs to source-format rules, whose format declares the tables")
+        raise MappingError(f"{where}: 'lookup' belongs to source-format rules, which the file's tables serve")
     if not isinstance(raw, dict):
         raise MappingError(f"{where}: 'lookup' maps a named group of the match to a table name")
     out = []
@@ -335,6 +520,24 @@ def _lookups(where: str, raw, pattern: re.Pattern, tables) -> tuple:
         if table not in tables:
             raise MappingError(f"{where}: unknown lookup table {table!r} (declared: {', '.join(tables) or 'none'})")
         out.append((group, table, tables[table]))
+    return tuple(out)
+
+
+def _indices(where: str, raw, pattern: re.Pattern, looked_up: set[str] | None) -> tuple:
+    if not raw:
+        return ()
+    if not isinstance(raw, dict):
+        raise MappingError(f"{where}: 'index' maps a named group of the match to an index expression")
+    if looked_up is None:
+        raise MappingError(f"{where}: 'index' belongs to source-format rules, which rename with the config")
+    out = []
+    for group, text in ((g, x) for g, x in raw.items() if g != "__line__"):
+        if group not in pattern.groupindex or group in looked_up:
+            raise MappingError(
+                f"{where}: index names group {group!r}, which the match does not define as (?P<{group}>...) or a "
+                "lookup already replaces"
+            )
+        out.append((group, IndexExpression.parse(where, text)))
     return tuple(out)
 
 
@@ -402,18 +605,20 @@ class Assignment:
 @dataclasses.dataclass
 class Match:
     """The outcome of applying rules to a key set: what pairs up, what does not, and how often each rule hit.
-    `conflicts` are faults of the rules themselves (overlaps, a leaf filled twice); `unfit` are keys and leaves that
-    find no partner, shape mismatches and unknown indices: for a source format, a file that is not of that format."""
+    `conflicts` are faults of the rules themselves (a key two rules take); `twice`, leaves two keys fill (two
+    spellings of one key in a file, or rules that rename two keys alike); `unfit` are keys and leaves that find no
+    partner, shape mismatches and unknown indices: for a source format, a file that is not of that format."""
 
     assignments: list[Assignment]
     conflicts: list[str]
+    twice: list[str]
     unfit: list[str]
     hits: dict[Rule, int]
     dropped: dict[str, Rule] = dataclasses.field(default_factory=dict)  # source key -> the drop rule that took it
 
     @property
     def problems(self) -> list[str]:
-        return self.conflicts + self.unfit
+        return self.conflicts + self.twice + self.unfit
 
 
 def match_keys(mapping: Mapping, target: str, source: dict[str, tuple], target_shapes: dict[str, tuple]) -> Match:
@@ -421,49 +626,68 @@ def match_keys(mapping: Mapping, target: str, source: dict[str, tuple], target_s
     return match_rules(mapping.rules(target), (), source, target_shapes, f"{mapping.path.name} [{target}]", target)
 
 
-def rename_keys(mapping: Mapping, fmt: SourceFormat, source: dict[str, tuple], diffusers: dict[str, tuple]) -> Match:
-    """A source format's rules applied to a file's keys, against diffusers' keys and shapes for the config; a count
-    the format lets its files lack is not asked of a file that lacks it."""
-    lacking = lacking_counts(fmt, source, diffusers)
-    expected = {k: shape for k, shape in diffusers.items() if k not in lacking}
-    return match_rules(fmt.rules, fmt.drops, source, expected, f"{mapping.path.name} [{fmt.name}]", "diffusers")
+def rename_keys(
+    mapping: Mapping, fmt: SourceFormat, source: dict[str, tuple], diffusers: dict[str, tuple], config: dict
+) -> Match:
+    """A source format's rules applied to a file's keys, against diffusers' keys and shapes for `config` (its
+    config.json fields, which index expressions read); a count the format fills is not asked of a file that lacks
+    it."""
+    filled = filled_counts(fmt, source, diffusers, config)
+    expected = {k: shape for k, shape in diffusers.items() if k not in filled}
+    section = f"{mapping.path.name} [{fmt.name}]"
+    return match_rules(fmt.rules, fmt.drops, source, expected, section, "diffusers", config, fmt.candidates)
 
 
-def lacking_counts(fmt: SourceFormat, source: dict[str, tuple], diffusers: dict) -> dict[str, int]:
-    """The format's `absent` counts that diffusers' model has and the file's keys do not give, with their values."""
-    supplied = renamed_shapes(fmt, source) if fmt.absent else {}
-    return {k: v for k, v in fmt.absent.items() if k in diffusers and k not in supplied}
+def filled_counts(fmt: SourceFormat, source: dict[str, tuple], diffusers: dict, config: dict) -> dict[str, int]:
+    """The format's `filled` counts that diffusers' model has and the file's keys do not give, with their values."""
+    supplied = renamed_shapes(fmt, source, config) if fmt.filled else {}
+    return {k: v for k, v in fmt.filled.items() if k in diffusers and k not in supplied}
 
 
-def renamed_shapes(fmt: SourceFormat, source: dict[str, tuple]) -> dict[str, tuple]:
-    """The diffusers keys and shapes a format's rules make of a file's keys, unchecked: what config inference reads
-    before there is a config to check against. A key no rule, or several, take is left out (planning names it)."""
+def renamed_shapes(fmt: SourceFormat, source: dict[str, tuple], config: dict) -> dict[str, tuple]:
+    """The diffusers keys and shapes a format's rules make of a file's keys with `config`, unchecked: what config
+    inference reads before the file's own config is known (`config` is then the named model's). A key no rule, or
+    several, take is left out (planning names it)."""
     if not fmt.renames:
         return dict(source)
     out = {}
     for key, shape in source.items():
-        found = [(rule, m) for rule in fmt.rules if (m := rule.pattern.fullmatch(key))]
+        name, rules = fmt.candidates(key)
+        found = [(rule, m) for rule in rules if rule not in fmt.drops and (m := rule.pattern.fullmatch(name))]
         if len(found) == 1:
             rule, match = found[0]
             try:
-                out[rule.target_key(match)] = transformed_shape(rule.ops, tuple(shape))
+                out[rule.target_key(match, config)] = transformed_shape(rule.ops, tuple(shape))
             except (LookupError, ValueError):
                 continue
     return out
 
 
-def match_rules(rules, drops, source: dict[str, tuple], target_shapes: dict[str, tuple], section: str, receiver: str):
-    conflicts, unfit, assignments, filled_by, dropped = [], [], [], {}, {}
+def match_rules(
+    rules,
+    drops,
+    source: dict[str, tuple],
+    target_shapes: dict[str, tuple],
+    section: str,
+    receiver: str,
+    config=None,
+    candidates=None,
+):
+    """Pairs `source` keys with `target_shapes` keys by the rules; `candidates(key)` gives the name a key is matched by
+    and the rules that may take it (a format's prefix), by default the key and every rule."""
+    conflicts, twice, unfit, assignments, filled_by, dropped = [], [], [], [], {}, {}
     hits = dict.fromkeys((*rules, *drops), 0)
+    candidates = candidates or (lambda key: (key, (*rules, *drops)))
     for key in source:
-        found = [(rule, m) for rule in (*rules, *drops) if (m := rule.pattern.fullmatch(key))]
+        name, possible = candidates(key)
+        found = [(rule, m) for rule in possible if (m := rule.pattern.fullmatch(name))]
         for rule, _ in found:
             hits[rule] += 1
         if not found:
             unfit.append(f"source key {key!r} is matched by no rule of {section}")
             continue
         if len(found) > 1:
-            names = "; ".join(f"{'drop rule ' if r in drops else ''}{r.name} ({r.where})" for r, _ in found)
+            names = "; ".join(f"{'drop rule ' if r in drops else ''}{r.shown_name} ({r.where})" for r, _ in found)
             what = "a drop rule would swallow" if any(r in drops for r, _ in found) else "ambiguous"
             conflicts.append(f"source key {key!r} is matched by {len(found)} rules ({what}): {names}")
             continue
@@ -472,7 +696,7 @@ def match_rules(rules, drops, source: dict[str, tuple], target_shapes: dict[str,
             dropped[key] = rule
             continue
         try:
-            target_key = rule.target_key(match)
+            target_key = rule.target_key(match, config)
         except LookupError as e:
             unfit.append(f"source key {key!r}: {e.args[0]} ({rule.where})")
             continue
@@ -482,8 +706,9 @@ def match_rules(rules, drops, source: dict[str, tuple], target_shapes: dict[str,
             )
             continue
         if target_key in filled_by:
-            conflicts.append(
-                f"target leaf {target_key!r} is filled twice: from {filled_by[target_key]!r} and {key!r} ({rule.where})"
+            twice.append(
+                f"{'diffusers key' if receiver == 'diffusers' else 'target leaf'} {target_key!r} is filled twice: from "
+                f"{filled_by[target_key]!r} and {key!r} ({rule.where})"
             )
             continue
         filled_by[target_key] = key
@@ -505,7 +730,7 @@ def match_rules(rules, drops, source: dict[str, tuple], target_shapes: dict[str,
         for k in target_shapes
         if k not in filled_by
     ]
-    return Match(assignments, conflicts, unfit, hits, dropped)
+    return Match(assignments, conflicts, twice, unfit, hits, dropped)
 
 
 def summary(problems: list[str]) -> str:

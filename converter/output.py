@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import errno
+import gc
 import hashlib
 import json
 import math
@@ -34,6 +36,9 @@ import numpy as np
 
 from converter import untrusted
 from converter.errors import InputError, OutputError
+from converter.models.common.spec import FamilySpec
+from converter.registry import FAMILIES, config_from_dict
+from converter.targets import DTYPES, TARGETS, Target
 
 MANIFEST = "vae_convert.json"
 TOOL = "vae-convert"
@@ -76,16 +81,19 @@ def size_text(n: int | None) -> str:
 
 
 def write_json(path: Path, content: dict):
-    path.write_text(json.dumps(content, indent=2) + "\n")
+    """Standard JSON (no Infinity or NaN, which other readers refuse)."""
+    path.write_text(json.dumps(content, indent=2, allow_nan=False) + "\n")
 
 
 must = untrusted.Required
 _CHECK = {
     "output": must(str),
     "shape": must([untrusted.Size]),
-    "max_abs": must(float),
-    "mean_abs": must(float),
-    "tol": must(float),
+    "max_abs": must((float, None)),  # null: not finite
+    "mean_abs": must((float, None)),
+    "tol": must((float, None)),
+    "ratio": (float, None),
+    "reference_finite": bool,
     "ok": must(bool),
 }
 _SOURCE = {
@@ -97,8 +105,11 @@ _SOURCE = {
     "format": str,
     "dropped": {str: {"tensors": must(int), "bytes": must(int)}},
     "exported_from": str,
+    "filled": {str: int},
+    "config_inferred": [str],
     "saved_from": str,
-    "flax_output": {"model": (str, None), "dtype": str, "source": must(dict), "version": str},
+    "output": {"model": (str, None), "target": str, "dtype": str, "source": must(dict), "version": str},
+    "flax_output": {"model": (str, None), "dtype": str, "source": must(dict), "version": str},  # exports before 0.3
 }
 # What every reader of a manifest may rely on: the fields it uses, of these types, the required ones there.
 MANIFEST_SCHEMA = {
@@ -106,13 +117,14 @@ MANIFEST_SCHEMA = {
     "version": must(str),
     "family": must(str),
     "model": (str, None),
+    "component": str,
     "target": must(str),
     "format": must(str),
     "dtype": must(str),
     "mapping": {"file": must(str), "sha256": must(str)},
     "source": must(_SOURCE),
     "config_ignored": [str],
-    "tensors": {str: [float]},
+    "tensors": {str: ([float], {"shape": must([untrusted.Size]), "sha256": must(str)})},
     "environment": {str: str},
     "validation": {
         "rtol": must(float),
@@ -431,3 +443,107 @@ def _rename_noreplace(source: Path, target: Path):
         if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
             raise FileExistsError(e.errno, e.strerror, str(target)) from None
         raise
+
+
+# -- reading an output back -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputInfo:
+    """A written output as its manifest and config.json describe it, each checked against the registry."""
+
+    path: Path
+    manifest: dict
+    family: FamilySpec
+    target: Target
+    fmt: str
+    dtype: np.dtype
+    config: object
+
+
+def read_output(path: str | Path) -> OutputInfo:
+    """An output folder's manifest and config, or one InputError saying what does not fit."""
+    path = Path(path).expanduser().absolute()
+    manifest = read_manifest(path)
+    family = FAMILIES.get(manifest.get("family"))
+    target = TARGETS.get(manifest.get("target"))
+    if (
+        family is None
+        or target is None
+        or manifest.get("dtype") not in DTYPES
+        or manifest.get("format") not in target.formats
+    ):
+        raise InputError(f"{path}: the manifest names an unknown family, target, format or dtype")
+    raw = untrusted.read_json(path / "config.json", schema=dict)
+    if raw.get("_class_name") != family.class_name:
+        raise InputError(
+            f"{path}: config.json is for {raw.get('_class_name')}, but the manifest says family {family.name} "
+            f"({family.class_name})"
+        )
+    config = config_from_dict(family, raw, str(path / "config.json"))
+    return OutputInfo(path, manifest, family, target, manifest["format"], DTYPES[manifest["dtype"]], config)
+
+
+def load_output(path: str | Path, mesh=None):
+    """A written output -> a ready model, checked against its manifest. With `mesh`, a Flax model's parameters are
+    restored straight onto it, replicated. An output replaced while it loads (another run's --force moves a new
+    folder in) is said to have changed, not to be damaged."""
+    folder = Path(path).expanduser().absolute()
+    before = _identity(folder)
+    try:
+        with collection_paused():
+            return _load_output(read_output(folder), mesh)
+    except InputError:
+        if before is not None and _identity(folder) != before:
+            raise InputError(
+                f"{folder}: the output changed while loading (another run replaced it); load again"
+            ) from None
+        raise
+
+
+def _identity(folder: Path) -> tuple[int, int] | None:
+    try:
+        status = os.stat(folder)
+    except OSError:
+        return None
+    return status.st_dev, status.st_ino
+
+
+@contextlib.contextmanager
+def collection_paused():
+    """Python's garbage collector off: a load makes many short-lived objects (tracing the abstract model, Orbax's
+    trees), and the collections they set off, each walking every object the process holds, cost more than the
+    reading they interrupt. Cyclic garbage made meanwhile is collected after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load_output(out: OutputInfo, mesh):
+    sharding = None
+    if mesh is not None:
+        from jax.sharding import NamedSharding
+
+        from converter.models.common.sharding import PARAMETERS
+
+        sharding = NamedSharding(mesh, PARAMETERS)
+    weights = out.target.read_weights(out.path, out.fmt)
+    counts = out.target.integer_leaves(out.family, out.config)
+    for key, array in weights.items():
+        expected = out.target.leaf_dtype(key, counts, out.dtype)
+        if np.dtype(array.dtype) != expected:
+            raise InputError(f"{out.path}: {key} is {array.dtype}, the output's dtype for it is {expected.name}")
+    model = out.target.build(out.target.empty_model(out.family, out.config, out.dtype), weights, out.path, sharding)
+    if upcast(out.config, out.dtype):  # as diffusers' pipelines run such a VAE
+        model = out.target.cast(model, np.dtype(np.float32))
+    return model
+
+
+def upcast(config, dtype) -> bool:
+    """Whether a float16 output of `config` loads in float32: its config asks for it (`force_upcast`, SDXL's VAE,
+    whose activations overflow float16), as diffusers' pipelines upcast such a VAE before running it."""
+    return np.dtype(dtype) == np.float16 and getattr(config, "force_upcast", False)

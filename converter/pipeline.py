@@ -18,10 +18,19 @@ import numpy as np
 from converter import enable_compile_cache, mapping, source_formats, sources, validate
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
 from converter.models.common.config import ConfigError
-from converter.output import MANIFEST, OutputFolder, cannot_write, new_manifest, specs_bytes, write_json
+from converter.output import (
+    MANIFEST,
+    OutputFolder,
+    cannot_write,
+    load_output,
+    new_manifest,
+    specs_bytes,
+    upcast,
+    write_json,
+)
 from converter.registry import ModelEntry, command_for_config, config_from_dict, family_for_class, model_for
 from converter.report import Summary, failure_message, no_progress, record_validation, silent
-from converter.targets import DTYPES, Target, diffusers_shapes, diffusers_specs, load_output
+from converter.targets import DTYPES, Target, diffusers_shapes, diffusers_specs, is_count
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -89,7 +98,7 @@ class Plan:
             for name, d in self.dropped.items()
         )
         filled = "".join(
-            f"; {key} absent: {value}, as diffusers' loader gives it" for key, value in self.filled.items()
+            f"; {key} filled with {value}, as diffusers' loader gives it" for key, value in self.filled.items()
         )
         renamed = f"keys renamed to diffusers', config from {self.config_origin}"
         return f"source format: {fmt.name} ({fmt.about}): {renamed}{dropped}{filled}"
@@ -148,7 +157,7 @@ def refuse_other_variant(entry: ModelEntry, config):
     if config.variant != named:
         fits = model_for(entry.family, config)
         raise InputError(
-            f"the checkpoint is a {config.variant}, but {entry.name} names a {named}: try `vae-convert {fits.name}`"
+            f"the checkpoint is a {config.variant}, but {entry.name} names a {named}: try `{fits.command}`"
         )
 
 
@@ -171,10 +180,16 @@ def choose_dtype(requested: str, weights: sources.SourceWeights, say: Callable[[
 def ensure_storable(key: str, source: np.ndarray, converted: np.ndarray, allow_nonfinite: bool):
     """Refuses NaN/Inf in the weights, a dtype that cannot hold them (overflow to inf), and a count that is no whole
     number or beyond its leaf's integer dtype."""
-    if converted.dtype.kind in "iu":
+    if is_count(converted.dtype):
+        if (np.asarray(source) < 0).any():
+            raise InputError(f"tensor {key!r} is a count, but holds a negative value")
+        values = np.asarray(source).astype(np.float64)
+        if not np.array_equal(values, np.round(values)):
+            raise InputError(f"tensor {key!r} is a count, but holds values that are not whole numbers")
         if not np.array_equal(converted, source):
             raise InputError(
-                f"tensor {key!r} is a count, but holds values that are not whole numbers in {converted.dtype.name}"
+                f"tensor {key!r} is a count, but holds values beyond what {converted.dtype.name} holds "
+                f"(up to {np.iinfo(converted.dtype).max})"
             )
         return
     if np.isfinite(converted).all():
@@ -198,6 +213,7 @@ def load_family_mapping(req: Request) -> tuple[Path, mapping.Mapping]:
     family = req.model.family
     path = req.mapping_file or mapping.MAPPINGS_DIR / family.mapping_file
     rules = mapping.load_mapping(path)
+    source_formats.ensure_models_known(rules)
     if family.name not in rules.families:
         raise MappingError(
             f"{path} is the mapping of the {' and '.join(rules.families)} family, not of {family.name} "
@@ -206,18 +222,27 @@ def load_family_mapping(req: Request) -> tuple[Path, mapping.Mapping]:
     return path, rules
 
 
-def source_config(req: Request, source: sources.Source, fmt, carried: dict | None) -> dict:
-    """--config's keys over the model's; else the config an original file carries (`carried`, translated by the
-    family); else the source's config.json; else (a lone file, or an original release, which has no diffusers
+@dataclasses.dataclass(frozen=True)
+class ConfigChoice:
+    """Where a conversion's config comes from, decided once."""
+
+    raw: dict  # the config.json fields
+    origin: str  # where they came from, in words
+    from_name: bool  # the model name's, for want of the file's own: its tensors may show another architecture
+
+
+def choose_config(req: Request, source: sources.Source, fmt, carried: dict | None, given: dict | None) -> ConfigChoice:
+    """--config's keys (`given`) over the model's; else the config an original file carries (`carried`, translated
+    by the family); else the source's config.json; else (a lone file, or an original release, which has no diffusers
     config: a config.json beside it belongs to something else) the model's, which also gives the scaling factor and
     latent statistics."""
-    if req.config_file is not None:
-        return {**req.model.config, **sources.read_config(req.config_file)}
+    if given is not None:
+        return ConfigChoice({**req.model.config, **given}, f"{req.config_file} (over {req.model.name}'s config)", False)
     if carried is not None:
-        return carried
+        return ConfigChoice(carried, "the file's metadata", False)
     if source.config is None or not _keeps_folder_config(fmt):
-        return dict(req.model.config)
-    return source.config
+        return ConfigChoice(dict(req.model.config), f"{req.model.name}'s config", True)
+    return ConfigChoice(source.config, str(source.config_file), False)
 
 
 def _keeps_folder_config(fmt) -> bool:
@@ -237,17 +262,6 @@ def carried_config(family, fmt, weights: sources.SourceWeights, shown: str) -> d
         raise InputError(f"{shown}: {e}") from None
 
 
-def config_origin(req: Request, source: sources.Source, fmt, carried: dict | None) -> str:
-    """Where `source_config` took the config from, for messages."""
-    if req.config_file is not None:
-        return f"{req.config_file} (over {req.model.name}'s config)"
-    if carried is not None:
-        return "the file's metadata"
-    if source.config is None or not _keeps_folder_config(fmt):
-        return f"{req.model.name}'s config"
-    return str(source.config_file)
-
-
 def make_plan(req: Request, source: sources.Source) -> Plan:
     """Everything checkable before writing: the source's format, the config's family and variant, the weights against
     the config, every key's rule."""
@@ -255,23 +269,23 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     mapping_path, rules = load_family_mapping(req)
     if req.config_file is None and source.config is not None:
         refuse_other_family(req.model, source.config)  # a folder's config.json names its class before the keys can
-    weights = sources.SourceWeights.open(source.weight_files)
+    weights = source.open_weights()
     shown = ", ".join(p.name for p in source.weight_files)
-    fmt = source_formats.detect(weights, req.model, rules, req.source_format, source.weight_files)
-    carried = carried_config(family, fmt, weights, shown)
-    raw = source_config(req, source, fmt, carried)
-    refuse_other_family(req.model, raw)
-    origin = config_origin(req, source, fmt, carried)
-    raw, inferred = inferred_config(req, source, fmt, carried, raw, weights)
-    if inferred:
-        origin = f"{origin}, its {', '.join(inferred)} inferred from the tensors (--config FILE for another)"
+    given = sources.read_config(req.config_file) if req.config_file is not None else None
+    by_config = (given or source.config or {}).get("_class_name") == family.class_name
+    fmt = source_formats.detect(weights, req.model, rules, req.source_format, source.weight_files, by_config)
+    choice = choose_config(req, source, fmt, carried_config(family, fmt, weights, shown), given)
+    refuse_other_family(req.model, choice.raw)
+    raw, inferred = inferred_config(family, choice, fmt, weights)
+    origin = choice.origin + (f", its {', '.join(inferred)} inferred from the tensors" if inferred else "")
+    if choice.from_name:
+        origin += " (--config FILE for another)"
     config = config_from_dict(family, raw, origin)
     refuse_other_variant(req.model, config)
-    source_formats.refuse_other_variant(fmt, family, config, req.model)
+    source_formats.refuse_other_variant(fmt, rules.families, family, config, req.model)
     dropped, filled = {}, {}
     if fmt.renames:
-        told = origin if req.config_file or carried else f"{origin} (--config FILE for another)"
-        renamed = source_formats.rename(rules, fmt, weights, diffusers_specs(family, config), shown, told)
+        renamed = source_formats.rename(rules, fmt, weights, diffusers_specs(family, config), config, shown, origin)
         weights, dropped, filled = renamed.weights, renamed.dropped, renamed.filled
     leaf_shapes = req.target.leaf_shapes(family, config)
     source_shapes = {k: shape for k, (shape, _) in weights.specs.items()}
@@ -283,24 +297,45 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
         if not fmt.renames:
             sources.ensure_weights_fit_config(family, diffusers_shapes(family, config), weights)
         raise
+    sources.ensure_weights_or_counts(weights, (a.source_key for a in assignments))
     ignored = family.config_class.ignored_fields(raw)
     return Plan(
         weights, config, mapping_path, leaf_shapes, assignments, ignored, fmt, dropped, origin, inferred, filled
     )
 
 
-def inferred_config(req: Request, source: sources.Source, fmt, carried, raw: dict, weights) -> tuple[dict, list[str]]:
+def inferred_config(family, choice: ConfigChoice, fmt, weights) -> tuple[dict, list[str]]:
     """Where the config is the named model's for want of the file's own (a lone file, an original release), the
     family's reading of the tensors in its place: a VAE of other widths than the name's converts as what it is. The
-    fields that changed are returned to be reported."""
-    family = req.model.family
-    from_name = req.config_file is None and carried is None and (source.config is None or not _keeps_folder_config(fmt))
-    if not from_name or family.config_from_shapes is None:
-        return raw, []
-    shapes = mapping.renamed_shapes(fmt, {k: shape for k, (shape, _) in weights.specs.items()})
-    implied = family.config_from_shapes(shapes, raw)
-    named = config_from_dict(family, raw, config_origin(req, source, fmt, carried)).to_dict()
+    fields that changed are returned to be reported. A format whose rules compute indices from the config (the LDM
+    decoder's levels counted from the top) renames with the config the tensors give, until it gives the same."""
+    if not choice.from_name or family.config_from_shapes is None:
+        return choice.raw, []
+    named = config_from_dict(family, choice.raw, choice.origin).to_dict()
+    source = {k: shape for k, (shape, _) in weights.specs.items()}
+    fields, implied = named, choice.raw
+    for _ in range(3):  # a fixed point in one round, or two where the depth differs from the name's
+        implied = _read_from_shapes(family, mapping.renamed_shapes(fmt, source, fields), choice)
+        try:
+            again = family.config_class.from_dict(implied).to_dict()
+        except ConfigError:
+            break  # said with the config's origin when the plan builds it
+        if again == fields:
+            break
+        fields = again
     return implied, sorted(k for k, v in implied.items() if named.get(k) != v)
+
+
+def _read_from_shapes(family, shapes: dict, choice: ConfigChoice) -> dict:
+    """The family's config read from a file's shapes: untrusted, so shapes that say no config (a 0-d tensor where a
+    kernel belongs, a level count past any bound, a zero channel count) are bad input, whatever the reading trips on."""
+    try:
+        return family.config_from_shapes(shapes, choice.raw)
+    except (IndexError, KeyError, StopIteration, ArithmeticError, TypeError, ValueError) as e:
+        raise InputError(
+            f"its tensors say no {family.class_name} config ({type(e).__name__} reading their shapes); give one with "
+            "--config FILE"
+        ) from None
 
 
 def convert(req: Request) -> Summary:
@@ -326,11 +361,14 @@ def _convert(req: Request, source: sources.Source, folder: OutputFolder, provena
         if line:
             req.say(line)
     dtype = choose_dtype(req.dtype, plan.weights, req.say)
+    if req.validate:
+        validate.ensure_inputs_fit(family, plan.config)
 
     with folder as work:
         manifest = new_manifest(
             family=family.name,
             model=req.model.name,
+            **({"component": req.model.component} if req.model.component != "vae" else {}),
             target=req.target.name,
             format=req.fmt,
             dtype=dtype.name,
@@ -381,11 +419,29 @@ def _convert(req: Request, source: sources.Source, folder: OutputFolder, provena
 def _validate(req, plan, dtype, work, manifest, out) -> list:
     if not req.validate:
         return []
-    req.say("validating: decode and encode against the PyTorch reference on the source weights ...")
     family = req.model.family
+    runs = "decode and encode" if "encoder" in family.parts else "decode"
+    req.say(f"validating: {runs} against the PyTorch reference on the source weights ...")
     enable_compile_cache()  # with $VAE_CONVERT_COMPILE_CACHE set, conversions of one architecture compile once
     outcome = validate.run(family, plan.config, req.target.runner(load_output(work)), plan.weights, dtype)
+    if dtype != np.float32:  # and as it will run: in its own dtype, or float32 where its config upcasts it
+        runs_in = "float32" if upcast(plan.config, dtype) else dtype.name
+        native = req.target.runner(load_output(work), native=True)
+        outcome.comparisons += validate.finite_in_own_dtype(family, plan.config, native, runs_in)
     return record_validation(outcome, manifest, work, out, req)
+
+
+MAX_RECORDED_VALUES = 4096  # a recorded tensor's values in the manifest (released statistics hold 128)
+
+
+def recorded_tensor(array: np.ndarray):
+    """A tensor the manifest records: its values where they are few (latent or BatchNorm statistics as released),
+    else its shape and the digest of its float32 bytes, the values being in the weights: a manifest stays small
+    enough to read back whatever the config's sizes."""
+    values = np.asarray(array, np.float32)
+    if values.size <= MAX_RECORDED_VALUES:
+        return values.astype(np.float64).ravel().tolist()
+    return {"shape": list(values.shape), "sha256": hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()}
 
 
 def _write_weights(work, req, assignments, weights, specs, manifest, recorded: dict, needed: int) -> int:
@@ -400,7 +456,7 @@ def _write_weights(work, req, assignments, weights, specs, manifest, recorded: d
             ensure_storable(a.source_key, source, array, req.allow_nonfinite)
             writer.write(a.target_key, array)
             if a.source_key in recorded:
-                recorded[a.source_key] = np.asarray(source, np.float64).ravel().tolist()
+                recorded[a.source_key] = recorded_tensor(source)
             nbytes += array.nbytes
             del source, array
             weights.release(a.source_key)

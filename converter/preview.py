@@ -14,6 +14,7 @@ either way.
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import numpy as np
@@ -74,43 +75,54 @@ class Layout:
         return TITLE_HEIGHT + rows * (TILE + GAP) + SCALE_HEIGHT + GAP
 
     @property
+    def decode_top(self) -> int:
+        """Where the decode section starts: under the reconstruction's, where the model has an encoder."""
+        return self.section_height(4) if self.reconstruction_frames else 0
+
+    @property
     def size(self) -> tuple[int, int]:
         columns = max(self.reconstruction_frames, self.decode_frames, 2)  # the colour bar spans two tiles
-        return LABEL_WIDTH + columns * (TILE + GAP), self.section_height(4) + self.section_height(3)
+        return LABEL_WIDTH + columns * (TILE + GAP), self.decode_top + self.section_height(3)
 
     def tile(self, section: str, row: int, column: int) -> tuple[int, int]:
         """The top-left corner of a frame tile: section "reconstruction" (rows input, converted, reference, heat map)
         or "decode" (rows converted, reference, heat map)."""
-        top = 0 if section == "reconstruction" else self.section_height(4)
+        top = 0 if section == "reconstruction" else self.decode_top
         return LABEL_WIDTH + column * (TILE + GAP), top + TITLE_HEIGHT + row * (TILE + GAP)
 
     def colour_bar(self, section: str) -> tuple[int, int, int, int]:
         """(left, top, right, bottom) of a section's colour bar."""
         rows = 4 if section == "reconstruction" else 3
-        top = (0 if section == "reconstruction" else self.section_height(4)) + TITLE_HEIGHT + rows * (TILE + GAP)
+        top = (0 if section == "reconstruction" else self.decode_top) + TITLE_HEIGHT + rows * (TILE + GAP)
         return LABEL_WIDTH, top, LABEL_WIDTH + 2 * TILE, top + 10
 
 
-def write(path: Path, clip: np.ndarray, reconstructions: tuple, decoded: tuple) -> dict:
-    """Draws validation.png at `path` from channels-first videos (or images, drawn as one-frame videos): the test
-    clip, its reconstruction by the converted model and by the reference, and the validation latent's decode by each
-    (as the report compared them). Returns the heat maps' maxima."""
-    clip, reconstructions, decoded = (
-        _as_video(clip),
-        tuple(map(_as_video, reconstructions)),
-        tuple(map(_as_video, decoded)),
-    )
-    frames = min(clip.shape[2], *(r.shape[2] for r in reconstructions))
-    sections = {
-        "reconstruction": [clip[0, :, :frames], reconstructions[0][0, :, :frames], reconstructions[1][0, :, :frames]],
-        "decode": [decoded[0][0], decoded[1][0]],
-    }
-    layout = Layout(len(frame_indices(frames)), len(frame_indices(decoded[0].shape[2])))
+def write(path: Path, clip: np.ndarray | None, reconstructions: tuple | None, decoded: tuple) -> dict:
+    """Draws validation.png at `path` from channels-first videos (or images, drawn as one-frame videos; waveforms,
+    each channel folded into rows of pixels): the test clip, its reconstruction by the converted model and by the
+    reference (a model without an encoder has none: clip and reconstructions None), and the validation latent's
+    decode by each (as the report compared them). Returns the heat maps' maxima."""
+    decoded = tuple(map(_as_video, decoded))
+    sections = {}
+    frames = 0
+    if clip is not None:
+        clip, reconstructions = _as_video(clip), tuple(map(_as_video, reconstructions))
+        frames = min(clip.shape[2], *(r.shape[2] for r in reconstructions))
+        sections["reconstruction"] = [clip[0, :, :frames]] + [r[0, :, :frames] for r in reconstructions]
+    sections["decode"] = [decoded[0][0], decoded[1][0]]
+    layout = Layout(len(frame_indices(frames)) if frames else 0, len(frame_indices(decoded[0].shape[2])))
     return _draw(path, layout, sections)
 
 
 def _as_video(x: np.ndarray) -> np.ndarray:
-    """(B, C, H, W) images as one-frame videos (B, C, 1, H, W); videos as they are."""
+    """(B, C, H, W) images as one-frame videos (B, C, 1, H, W); (B, C, N) waveforms as one-frame videos of one
+    channel, each channel's samples in rows of a square's width, the channels one under another; videos as they
+    are."""
+    if x.ndim == 3:
+        batch, channels, samples = x.shape
+        width = math.isqrt(samples - 1) + 1
+        rows = -(-samples // width)
+        return np.pad(x, ((0, 0), (0, 0), (0, rows * width - samples))).reshape(batch, 1, 1, channels * rows, width)
     return x[:, :, None] if x.ndim == 4 else x
 
 
@@ -120,6 +132,16 @@ def _draw(path: Path, layout: Layout, sections: dict) -> dict:
     image = Image.new("RGB", layout.size, BACKGROUND)
     draw = ImageDraw.Draw(image)
     maxima, text = {}, PngImagePlugin.PngInfo()
+    with np.errstate(invalid="ignore", over="ignore"):  # a failed validation's NaN or Inf draws as black, silently
+        _draw_sections(draw, image, layout, sections, maxima, text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, pnginfo=text)
+    return maxima
+
+
+def _draw_sections(draw, image, layout, sections: dict, maxima: dict, text):
+    from PIL import Image
+
     titles = {"reconstruction": "test clip: encode -> decode", "decode": "validation latent: decode"}
     labels = {"reconstruction": ["input", "converted", "reference", "|difference|"]}
     labels["decode"] = labels["reconstruction"][1:]
@@ -145,14 +167,16 @@ def _draw(path: Path, layout: Layout, sections: dict) -> dict:
         draw.text((left, bottom + 2), "0", fill=(0, 0, 0))
         draw.text((right - 70, bottom + 2), f"max {maxima[section]:.2e}", fill=(0, 0, 0))
         text.add_text(HEAT_TEXT_KEYS[section], repr(maxima[section]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    image.save(path, pnginfo=text)
-    return maxima
 
 
 def _scaled(tile):
-    """A frame scaled by a whole factor (nearest neighbour: every source pixel a square block) to fit TILE."""
+    """A frame scaled to fit TILE: enlarged by a whole factor (nearest neighbour: every source pixel a square block),
+    or a larger one shrunk (each output pixel the mean of the pixels it covers)."""
     from PIL import Image
 
-    factor = max(1, TILE // max(tile.size))
+    side = max(tile.size)
+    if side > TILE:
+        size = (max(1, tile.size[0] * TILE // side), max(1, tile.size[1] * TILE // side))
+        return tile.resize(size, Image.Resampling.BOX)
+    factor = max(1, TILE // side)
     return tile.resize((tile.size[0] * factor, tile.size[1] * factor), Image.Resampling.NEAREST)

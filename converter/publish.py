@@ -11,8 +11,9 @@ from pathlib import Path
 
 from converter import __version__, hub
 from converter.errors import OutputError, UsageError
+from converter.output import read_output
 from converter.registry import FAMILIES
-from converter.targets import TARGETS, read_output
+from converter.targets import TARGETS
 
 
 def check_write_access(repo_id: str):
@@ -51,6 +52,10 @@ def original_repo(source: dict) -> str | None:
     return original_repo(earlier) if earlier else None
 
 
+def _number(value, spec: str) -> str:
+    return "not finite" if value is None else format(value, spec)
+
+
 def model_card(manifest: dict, repo_id: str) -> str:
     from huggingface_hub import ModelCard, ModelCardData
 
@@ -72,8 +77,8 @@ def model_card(manifest: dict, repo_id: str) -> str:
     )
     checks = manifest.get("validation", {}).get("checks", [])
     rows = "\n".join(
-        f"| {c['output']} | {'x'.join(map(str, c['shape']))} | {c['max_abs']:.2e} | {c['mean_abs']:.2e} "
-        f"| {c['tol']:.1e} | {'✓' if c['ok'] else '✗'} |"
+        f"| {c['output']} | {'x'.join(map(str, c['shape']))} | {_number(c['max_abs'], '.2e')} "
+        f"| {_number(c['mean_abs'], '.2e')} | {_number(c['tol'], '.1e')} | {'✓' if c['ok'] else '✗'} |"
         for c in checks
     )
     validation = (

@@ -1,7 +1,7 @@
 """The model families and the model names users type (`vae-convert wan2.1`).
 
-Each family's spec lives beside its implementations (models/<family>/spec.py); adding a family is one line here
-(the tuple `register` is called on).
+Each family's spec lives beside its implementations (models/<family>/spec.py); a family's entry here is its spec's
+import and its place in `FAMILY_SPECS` (the order `list` shows).
 """
 
 from __future__ import annotations
@@ -10,18 +10,23 @@ import dataclasses
 import json
 import math
 
-from converter.errors import InputError
+from converter.errors import InputError, UsageError
 from converter.models.autoencoderkl.spec import AUTOENCODERKL, FLUX2
+from converter.models.autoencodertiny.spec import AUTOENCODERTINY
 from converter.models.cogvideox.spec import COGVIDEOX
 from converter.models.common.config import MAX_PARAMETERS, MULTIPLIER, WIDTH, ConfigError
 from converter.models.common.spec import FamilySpec
 from converter.models.hunyuanvideo.spec import HUNYUANVIDEO
 from converter.models.ltx.spec import LTX, LTX2
+from converter.models.ltx2audio.spec import LTX2AUDIO
+from converter.models.ltx2vocoder.spec import LTX2VOCODER, LTX2VOCODERBWE
 from converter.models.qwenimage.spec import QWENIMAGE
 from converter.models.qwenimage21.spec import QWENIMAGE21
 from converter.models.wan.spec import WAN
 
 FAMILIES: dict[str, FamilySpec] = {}
+# the decode-side components of a pipeline a family's class may be (diffusers' model_index keys), in `list`'s order
+COMPONENTS = ("vae", "audio_vae", "vocoder")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,24 +37,44 @@ class ModelEntry:
     subfolder: str
     revision: str
     config: dict  # what differs from the family's defaults
+    component: str = "vae"  # the pipeline component it is (the family's)
+
+    @property
+    def qualified(self) -> str:
+        """The name with its component where that is not the VAE (`ltx-2:audio_vae`), as MODEL takes it."""
+        return self.name if self.component == "vae" else f"{self.name}:{self.component}"
+
+    @property
+    def command(self) -> str:
+        """The command that converts it."""
+        return f"vae-convert {self.name}" + (f" --component {self.component}" if self.component != "vae" else "")
 
 
-MODELS: dict[str, ModelEntry] = {}
+MODELS: dict[str, ModelEntry] = {}  # the names users type, for the pipelines' VAE
+COMPONENT_MODELS: dict[tuple[str, str], ModelEntry] = {}  # (name, component) for every component of a pipeline
 
 
 def register(family: FamilySpec) -> None:
-    """Adds a family and its model names (a name already taken is a mistake in the specs)."""
+    """Adds a family and its model names, under its component (a name already taken there is a mistake in the
+    specs)."""
     names = [name for m in family.models for name in (m.name, *m.aliases)]
-    taken = [name for name in names if name in MODELS] + [family.name] * (family.name in FAMILIES)
+    taken = [n for n in names if (n, family.component) in COMPONENT_MODELS] + [family.name] * (family.name in FAMILIES)
     if taken:
         raise ValueError(f"family {family.name}: {', '.join(taken)} already registered")
     FAMILIES[family.name] = family
     for m in family.models:
         for name in (m.name, *m.aliases):
-            MODELS[name] = ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config)
+            entry = ModelEntry(m.name, family, m.repo_id, m.subfolder, m.revision, m.config, family.component)
+            COMPONENT_MODELS[(name, family.component)] = entry
+            if family.component == "vae":
+                MODELS[name] = entry
 
 
-for _family in (WAN, COGVIDEOX, QWENIMAGE, QWENIMAGE21, HUNYUANVIDEO, LTX, LTX2, AUTOENCODERKL, FLUX2):
+FAMILY_SPECS = (
+    WAN, COGVIDEOX, QWENIMAGE, QWENIMAGE21, HUNYUANVIDEO, LTX, LTX2, AUTOENCODERKL, FLUX2, AUTOENCODERTINY, LTX2AUDIO,
+    LTX2VOCODER, LTX2VOCODERBWE,
+)  # fmt: skip
+for _family in FAMILY_SPECS:
     register(_family)
 
 
@@ -89,7 +114,9 @@ def small_config(entry: ModelEntry) -> dict:
 def model_for(family: FamilySpec, config) -> ModelEntry:
     """The family's first model name of `config`'s variant."""
     return next(
-        MODELS[m.name] for m in family.models if family.config_class.from_dict(m.config).variant == config.variant
+        COMPONENT_MODELS[(m.name, family.component)]
+        for m in family.models
+        if family.config_class.from_dict(m.config).variant == config.variant
     )
 
 
@@ -98,7 +125,9 @@ def first_of_each_variant() -> list[ModelEntry]:
     firsts = {}
     for family in FAMILIES.values():
         for m in family.models:
-            firsts.setdefault(family.config_class.from_dict(m.config).variant, MODELS[m.name])
+            firsts.setdefault(
+                family.config_class.from_dict(m.config).variant, COMPONENT_MODELS[(m.name, family.component)]
+            )
     return list(firsts.values())
 
 
@@ -115,25 +144,51 @@ def configs_to_check(family: FamilySpec) -> list[tuple[str, dict]]:
     return distinct_configs(family) + list(family.testing().check_configs)
 
 
-def get_model(name: str) -> ModelEntry:
-    if name not in MODELS:
-        raise InputError(f"unknown model {name!r}; known: {', '.join(sorted(MODELS))}")
-    return MODELS[name]
+def get_model(name: str, component: str | None = None) -> ModelEntry:
+    """The entry of MODEL as the command line takes it: a name, the pipeline component `component` of it (by default
+    its VAE), or `name:component`. A name nobody registered is bad input; a component the model has not, a usage
+    error."""
+    name, _, qualified = name.partition(":")
+    if qualified and component and qualified != component:
+        raise UsageError(f"{name}:{qualified} and --component {component} name two components; give one")
+    component = qualified or component or "vae"
+    if (name, component) in COMPONENT_MODELS:
+        return COMPONENT_MODELS[(name, component)]
+    has = components_of(name)
+    if not has:
+        raise InputError(f"unknown model {name!r}; known: {', '.join(sorted({n for n, _ in COMPONENT_MODELS}))}")
+    raise UsageError(f"{name} has no {component} component (its components: {', '.join(has)})")
+
+
+def format_model(name: str, families: tuple[str, ...]) -> ModelEntry | None:
+    """The entry a mapping file's source format names as its `model`: of the component its families are."""
+    component = FAMILIES[families[0]].component if families and families[0] in FAMILIES else "vae"
+    return COMPONENT_MODELS.get((name, component))
+
+
+def components_of(name: str) -> list[str]:
+    """The pipeline components a model name has, the VAE first."""
+    return [c for c in COMPONENTS if (name, c) in COMPONENT_MODELS]
 
 
 def family_for_class(class_name: str) -> FamilySpec | None:
     return next((f for f in FAMILIES.values() if f.class_name == class_name), None)
 
 
+def first_model(family: FamilySpec) -> ModelEntry:
+    """The entry of `family`'s first model name, as its component."""
+    return COMPONENT_MODELS[(family.models[0].name, family.component)]
+
+
 def command_for(family: FamilySpec) -> str:
     """The command that converts a checkpoint of `family` (for hints): its first model name."""
-    return f"vae-convert {family.models[0].name}"
+    return first_model(family).command
 
 
 def command_for_config(family: FamilySpec, raw: dict) -> str:
     """The command that converts a checkpoint of `family` with config.json content `raw`: the first model name of
     its variant (Wan 2.2's, not Wan 2.1's), or of the family where the config does not build."""
     try:
-        return f"vae-convert {model_for(family, family.config_class.from_dict(raw)).name}"
+        return model_for(family, family.config_class.from_dict(raw)).command
     except (ConfigError, TypeError, ValueError, StopIteration):
         return command_for(family)

@@ -53,9 +53,8 @@ def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> li
         req.say(f"  decoded with {shown}")
     req.say("\n".join(c.line() for c in comparisons))
     if req.preview:
-        req.say(
-            f"  picture: {preview.FILE_NAME} (a test clip encoded and decoded, the validation latent decoded, by both)"
-        )
+        shows = "a test clip encoded and decoded, " if outcome.video is not None else ""
+        req.say(f"  picture: {preview.FILE_NAME} ({shows}the validation latent decoded, by both)")
     failed = [c for c in comparisons if not c.ok]
     if failed and not req.keep_invalid:
         raise ValidationError(f"{failure_message(failed)}; nothing written to {out} (--keep-invalid keeps it)")
@@ -63,8 +62,21 @@ def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> li
 
 
 def failure_message(failed) -> str:
-    worst = max(failed, key=lambda c: c.max_abs / c.tol)
+    overflowed = [c for c in failed if isinstance(c, validate.FiniteCheck)]
+    if overflowed:
+        return (
+            f"validation failed: {', '.join(c.name for c in overflowed)} is NaN or Inf when the model runs in "
+            f"{overflowed[0].dtype}: its activations overflow that dtype; convert with --dtype float32 (or "
+            "bfloat16), or set force_upcast in its config.json so that it loads and runs in float32"
+        )
+    unfit = [c for c in failed if not c.reference_finite]
+    if unfit:
+        return (
+            f"validation failed: the reference's {', '.join(c.name for c in unfit)} is not finite (NaN or Inf), so "
+            "nothing can be compared; this checkpoint cannot be validated"
+        )
+    worst = max(failed, key=lambda c: c.ratio)
     return (
-        f"validation failed for {', '.join(c.name for c in failed)} ({worst.name}: max |Δ| {worst.max_abs:.2e} "
-        f"> tol {worst.tol:.1e})"
+        f"validation failed for {', '.join(c.name for c in failed)} ({worst.name}: |Δ| {worst.ratio * worst.tol:.2e} "
+        f"> tol {worst.tol:.1e}; max |Δ| {worst.max_abs:.2e})"
     )

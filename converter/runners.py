@@ -9,13 +9,16 @@ from typing import Protocol
 
 import numpy as np
 
+from converter.models.common.protocol import encoded
+
 
 class Runner(Protocol):
     def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
         """(B, z, T, H, W) latents -> (B, C, T', H', W') video; an image model's (B, z, H, W) -> (B, C, H', W')."""
 
-    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(B, C, T, H, W) video, or (B, C, H, W) image -> the latent distribution's (mean, logvar)."""
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, ...]:
+        """(B, C, T, H, W) video, or (B, C, H, W) image -> what encode gives, named by the family's
+        `encode_outputs`: the latent distribution's (mean, logvar), or a deterministic encoder's (latents,)."""
 
 
 def _converted(inputs: dict, convert) -> dict:
@@ -27,17 +30,20 @@ def _converted(inputs: dict, convert) -> dict:
 
 
 class FlaxRunner:
-    """The Flax model, channels-last, driven with channels-first arrays (as the reference takes them)."""
+    """The Flax model, channels-last, driven with channels-first arrays (as the reference takes them), given in
+    `dtype` (None: as they come, float32)."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, dtype=None):
+        self.model, self.dtype = model, dtype
 
     def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
-        return _first(self.model.decode(_last(latent), **inputs))
+        return _first(self.model.decode(self._in(latent), **inputs))
 
-    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        mean, logvar = self.model.encode(_last(video))
-        return _first(mean), _first(logvar)
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, ...]:
+        return tuple(_first(a) for a in encoded(self.model.encode(self._in(video))))
+
+    def _in(self, x: np.ndarray) -> np.ndarray:
+        return _last(x) if self.dtype is None else _last(x).astype(self.dtype)
 
 
 def _last(x: np.ndarray) -> np.ndarray:
@@ -50,12 +56,13 @@ def _first(x) -> np.ndarray:
 
 
 class TorchaxRunner:
-    """The PyTorch model on JAX through torchax, each chunk step jitted, in float32."""
+    """The PyTorch model on JAX through torchax, each chunk step jitted, in float32 (`native`: in the model's own
+    dtype, its inputs cast to it, as `compile_model` runs it for a user)."""
 
-    def __init__(self, model):
+    def __init__(self, model, native: bool = False):
         from converter import torchax_runtime
 
-        self.vae = torchax_runtime.compile_model(model.float().eval())
+        self.vae = torchax_runtime.compile_model((model if native else model.float()).eval())
 
     def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
         from converter.torchax_runtime import to_jax_tensor, to_numpy
@@ -63,11 +70,10 @@ class TorchaxRunner:
         inputs = _converted(inputs, lambda value: to_jax_tensor(self.vae, value))
         return to_numpy(self.vae.decode(to_jax_tensor(self.vae, latent), **inputs).sample)
 
-    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, ...]:
         from converter.torchax_runtime import to_jax_tensor, to_numpy
 
-        dist = self.vae.encode(to_jax_tensor(self.vae, video)).latent_dist
-        return to_numpy(dist.mean), to_numpy(dist.logvar)
+        return tuple(map(to_numpy, encoded(self.vae.encode(to_jax_tensor(self.vae, video)))))
 
 
 class TorchRunner:
@@ -83,9 +89,8 @@ class TorchRunner:
         with torch.no_grad():
             return self.model.decode(torch.from_numpy(latent), **inputs).sample.numpy()
 
-    def encode(self, video: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, video: np.ndarray) -> tuple[np.ndarray, ...]:
         import torch
 
         with torch.no_grad():
-            posterior = self.model.encode(torch.from_numpy(video)).latent_dist
-            return posterior.mean.numpy(), posterior.logvar.numpy()
+            return tuple(a.numpy() for a in encoded(self.model.encode(torch.from_numpy(video))))

@@ -30,6 +30,14 @@ DTYPES = {
     "I8": np.dtype(np.int8),
     "U8": np.dtype(np.uint8),
     "BOOL": np.dtype(np.bool_),
+    # the rest of safetensors' dtypes: whole checkpoints keep their other models in them (an fp8 or 8-bit quantized
+    # transformer beside a float VAE); read for their shapes, dropped, never converted
+    "U16": np.dtype(np.uint16),
+    "U32": np.dtype(np.uint32),
+    "U64": np.dtype(np.uint64),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
+    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
 }
 CODES = {dtype: code for code, dtype in DTYPES.items()}
 MAX_HEADER = 100 * 1024 * 1024

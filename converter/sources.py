@@ -1,5 +1,6 @@
 """Where the source checkpoint comes from: a local diffusers folder (repo root or its `vae/`), a single
-.safetensors file, a sharded checkpoint with its index, or a Hub repo fetched through the standard HF cache."""
+.safetensors file, a sharded checkpoint with its index, a release that keeps each of an autoencoder's parts in a file
+of its own, or a Hub repo fetched through the standard HF cache."""
 
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ REPO_ID = re.compile(r"^[\w.-]+/[\w.-]+(@[\w./-]+)?$")
 
 
 PICKLE_SUFFIXES = (".pth", ".pt", ".bin", ".ckpt")
+# A release may keep each part of an autoencoder in a file of its own, `<stem>_<part><suffix>` (TAESD's
+# taesd_encoder.pth and taesd_decoder.pth): its keys are read under `<part>.`, where they would otherwise collide
+SPLIT_PARTS = ("encoder", "decoder")
 
 
 @dataclasses.dataclass
@@ -40,7 +44,9 @@ class SourceWeights:
     metadata: dict = dataclasses.field(default_factory=dict)  # a safetensors file's header metadata (the first's)
 
     @classmethod
-    def open(cls, paths: list[Path]) -> SourceWeights:
+    def open(cls, paths: list[Path], parts: dict[str, str] | None = None) -> SourceWeights:
+        """The tensors of `paths`; a file that `parts` names (by file name) holds one part of a split release, its
+        keys read under the part's name."""
         specs, read, origin, release, wrappers, metadata = {}, {}, {}, {}, set(), {}
         for path in paths:
             if path.suffix in PICKLE_SUFFIXES:
@@ -49,14 +55,11 @@ class SourceWeights:
             else:
                 tensors, file_metadata = _safetensors_tensors(path)
                 metadata = metadata or file_metadata
+            if parts and path.name in parts:
+                tensors = {f"{parts[path.name]}.{key}": value for key, value in tensors.items()}
             for key, (spec, reader, releaser) in tensors.items():
                 if key in origin:
                     raise InputError(f"tensor {key!r} is in both {origin[key]} and {path.name}")
-                if not _weight_or_count(spec[1]):
-                    raise InputError(
-                        f"{path.name}: tensor {key!r} holds {spec[1].name} values: neither weights (floating point) "
-                        "nor a count (signed integers), and casting them would change what they say"
-                    )
                 specs[key], read[key], origin[key], release[key] = spec, reader, path.name, releaser
         return cls(specs, read, origin, release, wrappers.pop() if len(wrappers) == 1 else None, metadata)
 
@@ -74,8 +77,17 @@ class SourceWeights:
         return {dtype for _, dtype in self.specs.values() if dtype.kind == "f" or dtype.name == "bfloat16"}
 
 
-def _weight_or_count(dtype: np.dtype) -> bool:
-    return dtype.kind in "fi" or dtype.name == "bfloat16"
+def ensure_weights_or_counts(weights, keys):
+    """The tensors a conversion reads (`keys`) hold weights (floating point) or counts (signed integers): any other
+    dtype would change what it says when cast. Tensors it drops may be of any dtype (a whole checkpoint's fp8
+    transformer)."""
+    for key in keys:
+        dtype = np.dtype(weights.specs[key][1])
+        if not (dtype.kind in "fi" or dtype.name == "bfloat16"):
+            raise InputError(
+                f"tensor {key!r} holds {dtype.name} values: neither weights (floating point) nor a count (signed "
+                "integers), and casting them would change what they say"
+            )
 
 
 def _safetensors_tensors(path: Path) -> tuple[dict, dict]:
@@ -210,6 +222,10 @@ class Source:
     config_file: Path | None = None  # where `config` was read
     snapshot: Path | None = None  # a Hub source's snapshot folder in the Hugging Face cache
     offline: bool = False  # a Hub source read from the cache alone: the Hub is not asked for digests
+    parts: dict[str, str] = dataclasses.field(default_factory=dict)  # a split release's file name -> its part
+
+    def open_weights(self) -> SourceWeights:
+        return SourceWeights.open(self.weight_files, self.parts)
 
     @property
     def protected(self) -> list[Path]:
@@ -306,7 +322,10 @@ def _from_path(path: Path) -> Source:
                 f"{path}: not a checkpoint this tool reads (expected .safetensors, .pth/.pt/.bin/.ckpt, a "
                 f"sharded index or a diffusers folder)"
             )
-        return Source([path], _config_beside(path), str(path), config_file=_config_path_beside(path))
+        stem, part = _part_of(path.name) or (None, None)
+        parts = _split_release(path.parent, stem, part, path.suffix)
+        files = [path.parent / name for name in parts] if parts else [path]
+        return Source(files, _config_beside(path), str(path), config_file=_config_path_beside(path), parts=parts)
     folder = path / "vae" if not (path / "config.json").exists() and (path / "vae").is_dir() else path
     if (folder / INDEX_NAME).exists():
         files = _shards(folder / INDEX_NAME)
@@ -314,11 +333,48 @@ def _from_path(path: Path) -> Source:
         files = [folder / WEIGHTS_NAME]
     elif (folder / PICKLE_WEIGHTS_NAME).exists():
         files = [folder / PICKLE_WEIGHTS_NAME]
+    elif parts := _split_release_in(path):
+        return Source([path / name for name in parts], None, str(path), parts=parts)
     else:
-        raise InputError(f"{path}: no {WEIGHTS_NAME} (or its index) in this folder or its vae/ subfolder")
+        raise InputError(
+            f"{path}: no {WEIGHTS_NAME} (or its index) in this folder or its vae/ subfolder, nor a release split by "
+            f"part (<name>_{'.*, <name>_'.join(SPLIT_PARTS)}.*)"
+        )
     if not (folder / "config.json").exists():
         raise InputError(f"{folder}: config.json is missing beside the weights")
     return Source(files, read_config(folder / "config.json"), str(path), config_file=folder / "config.json")
+
+
+def _part_of(name: str) -> tuple[str, str] | None:
+    """(stem, part) of a split release's file name (`taesd_encoder.pth` -> ("taesd", "encoder")), or None."""
+    base = name.rsplit(".", 1)[0]
+    return next(((base.removesuffix(f"_{part}"), part) for part in SPLIT_PARTS if base.endswith(f"_{part}")), None)
+
+
+def _split_release(folder: Path, stem: str | None, part: str | None, suffix: str) -> dict[str, str]:
+    """{file name: part} of the split release `stem` in `folder` in files of `suffix` ({} where `stem` is None); a
+    part missing beside the others is bad input."""
+    if stem is None:
+        return {}
+    names = {f"{stem}_{p}{suffix}": p for p in SPLIT_PARTS}
+    missing = [name for name in names if not (folder / name).is_file()]
+    if missing:
+        raise InputError(
+            f"{folder / f'{stem}_{part}{suffix}'}: one part of a release split by part; {', '.join(missing)} "
+            f"is missing beside it"
+        )
+    return names
+
+
+def _split_release_in(folder: Path) -> dict[str, str]:
+    """The one split release a folder holds (its .safetensors files over its pickles), or {}; two are ambiguous."""
+    for suffix in (".safetensors", *PICKLE_SUFFIXES):
+        stems = sorted({found[0] for p in folder.glob(f"*{suffix}") if (found := _part_of(p.name))})
+        if len(stems) > 1:
+            raise InputError(f"{folder}: holds several releases split by part ({', '.join(stems)}); name one file")
+        if stems:
+            return _split_release(folder, stems[0], SPLIT_PARTS[0], suffix)
+    return {}
 
 
 def _config_path_beside(path: Path) -> Path | None:

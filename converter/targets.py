@@ -6,32 +6,34 @@ their weights are written and read back, how a written output becomes a ready mo
   torchax  PyTorch model with diffusers' names, meant to run on JAX through torchax. Format: safetensors, named and
            laid out like diffusers' own, so `AutoencoderKL*.from_pretrained` reads it too.
 
-Everything target-specific is here: no other module asks which target it has.
+Everything target-specific is here: no other module asks which target it has (converter/output.py reads an output
+back through its target).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import gc
 import json
-import os
 from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 
-from converter import compat, orbax_io, untrusted
+from converter import compat, orbax_io
 from converter.errors import InputError
 from converter.mapping import target_path
 from converter.models.common.spec import FamilySpec
 from converter.orbax_io import OrbaxWriter
-from converter.output import read_manifest
-from converter.registry import FAMILIES, config_from_dict, ensure_plausible_size
+from converter.registry import ensure_plausible_size
 from converter.safetensors_io import SafetensorsFile, SafetensorsWriter, nbytes
 from converter.structure_cache import FlaxStructure, flax_structure
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
+
+
+def is_count(dtype) -> bool:
+    """Whether a leaf of this dtype holds a count (BatchNorm's `num_batches_tracked`): an integer, which keeps its
+    own dtype whatever the output's, where every other leaf is a weight in the output's dtype."""
+    return np.dtype(dtype).kind in "iu"
 
 
 class Target:
@@ -83,8 +85,18 @@ class Target:
         """A ready model: `empty_model`'s structure filled with the weights `read_weights` gave."""
         raise NotImplementedError
 
-    def runner(self, model):
-        """The model driven with channels-first numpy arrays, as validation and the tests compare it."""
+    def runner(self, model, native: bool = False):
+        """The model driven with channels-first numpy arrays, as validation and the tests compare it: in float32, or
+        (`native`) in its weights' own dtype, as it will run."""
+        raise NotImplementedError
+
+    def cast(self, model, dtype: np.dtype):
+        """`model` with its weights (not its counts) in `dtype`."""
+        raise NotImplementedError
+
+    def rounded(self, model, dtype: np.dtype):
+        """`model` with its weights (not its counts) rounded to `dtype` and kept in their own: the reference of an
+        export to `dtype`."""
         raise NotImplementedError
 
 
@@ -111,7 +123,7 @@ class FlaxTarget(Target):
         return {
             ".".join(map(str, path)): np.dtype(compat.variable_value(v).dtype)
             for path, v in self.empty_model(family, config, np.float32).variables
-            if np.issubdtype(compat.variable_value(v).dtype, np.integer)
+            if is_count(compat.variable_value(v).dtype)
         }
 
     def read_weights(self, out_dir, fmt):
@@ -149,10 +161,43 @@ class FlaxTarget(Target):
             compat.set_variable_value(variable, array)
         return empty_model.model
 
-    def runner(self, model):
+    def runner(self, model, native=False):
         from converter.runners import FlaxRunner
 
-        return FlaxRunner(model)
+        return FlaxRunner(model, self._weights_dtype(model) if native else None)
+
+    @staticmethod
+    def _weights_dtype(model) -> np.dtype:
+        from flax import nnx
+
+        _, state = nnx.split(model)
+        return next(
+            np.dtype(compat.variable_value(v).dtype)
+            for _, v in nnx.to_flat_state(state)
+            if not is_count(compat.variable_value(v).dtype)
+        )
+
+    def cast(self, model, dtype):
+        import jax.numpy as jnp
+        from flax import nnx
+
+        _, state = nnx.split(model)
+        for _, variable in nnx.to_flat_state(state):
+            value = compat.variable_value(variable)
+            if not is_count(value.dtype):
+                compat.set_variable_value(variable, jnp.asarray(value, dtype))
+        return model
+
+    def rounded(self, model, dtype):
+        import jax.numpy as jnp
+        from flax import nnx
+
+        _, state = nnx.split(model)
+        for _, variable in nnx.to_flat_state(state):
+            value = compat.variable_value(variable)
+            if not is_count(value.dtype):
+                compat.set_variable_value(variable, jnp.asarray(value, dtype).astype(value.dtype))
+        return model
 
 
 class TorchaxTarget(Target):
@@ -170,7 +215,7 @@ class TorchaxTarget(Target):
         return {k: shape for k, (shape, _) in diffusers_specs(family, config).items()}
 
     def integer_leaves(self, family, config):
-        return {k: dtype for k, (_, dtype) in diffusers_specs(family, config).items() if dtype.kind in "iu"}
+        return {k: dtype for k, (_, dtype) in diffusers_specs(family, config).items() if is_count(dtype)}
 
     def empty_model(self, family, config, dtype):
         return meta_torch(family, config)
@@ -184,10 +229,25 @@ class TorchaxTarget(Target):
         empty_model.load_state_dict({k: to_torch(v) for k, v in weights.items()}, strict=True, assign=True)
         return empty_model.eval()
 
-    def runner(self, model):
+    def runner(self, model, native=False):
         from converter.runners import TorchaxRunner
 
-        return TorchaxRunner(model)
+        return TorchaxRunner(model, native)
+
+    def cast(self, model, dtype):
+        import torch
+
+        return model.to(getattr(torch, np.dtype(dtype).name))
+
+    def rounded(self, model, dtype):
+        import torch
+
+        rounding = getattr(torch, np.dtype(dtype).name)
+        with torch.no_grad():
+            for tensor in (*model.parameters(), *model.buffers()):
+                if tensor.is_floating_point():
+                    tensor.copy_(tensor.to(rounding).to(tensor.dtype))
+        return model
 
 
 def meta_torch(family: FamilySpec, config):
@@ -234,95 +294,3 @@ def _weights_path(out_dir: Path, name: str) -> Path:
     if not path.exists():
         raise InputError(f"{out_dir}: {name} is missing; the output is incomplete or was changed by hand")
     return path
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputInfo:
-    """A written output as its manifest and config.json describe it, each checked against the registry."""
-
-    path: Path
-    manifest: dict
-    family: FamilySpec
-    target: Target
-    fmt: str
-    dtype: np.dtype
-    config: object
-
-
-def read_output(path: str | Path) -> OutputInfo:
-    """An output folder's manifest and config, or one InputError saying what does not fit."""
-    path = Path(path).expanduser().absolute()
-    manifest = read_manifest(path)
-    family = FAMILIES.get(manifest.get("family"))
-    target = TARGETS.get(manifest.get("target"))
-    if (
-        family is None
-        or target is None
-        or manifest.get("dtype") not in DTYPES
-        or manifest.get("format") not in target.formats
-    ):
-        raise InputError(f"{path}: the manifest names an unknown family, target, format or dtype")
-    raw = untrusted.read_json(path / "config.json", schema=dict)
-    if raw.get("_class_name") != family.class_name:
-        raise InputError(
-            f"{path}: config.json is for {raw.get('_class_name')}, but the manifest says family {family.name} "
-            f"({family.class_name})"
-        )
-    config = config_from_dict(family, raw, str(path / "config.json"))
-    return OutputInfo(path, manifest, family, target, manifest["format"], DTYPES[manifest["dtype"]], config)
-
-
-def load_output(path: str | Path, mesh=None):
-    """A written output -> a ready model, checked against its manifest. With `mesh`, a Flax model's parameters are
-    restored straight onto it, replicated. An output replaced while it loads (another run's --force moves a new
-    folder in) is said to have changed, not to be damaged."""
-    folder = Path(path).expanduser().absolute()
-    before = _identity(folder)
-    try:
-        with collection_paused():
-            return _load_output(read_output(folder), mesh)
-    except InputError:
-        if before is not None and _identity(folder) != before:
-            raise InputError(
-                f"{folder}: the output changed while loading (another run replaced it); load again"
-            ) from None
-        raise
-
-
-def _identity(folder: Path) -> tuple[int, int] | None:
-    try:
-        status = os.stat(folder)
-    except OSError:
-        return None
-    return status.st_dev, status.st_ino
-
-
-@contextlib.contextmanager
-def collection_paused():
-    """Python's garbage collector off: a load makes many short-lived objects (tracing the abstract model, Orbax's
-    trees), and the collections they set off, each walking every object the process holds, cost more than the
-    reading they interrupt. Cyclic garbage made meanwhile is collected after."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def _load_output(out: OutputInfo, mesh):
-    sharding = None
-    if mesh is not None:
-        from jax.sharding import NamedSharding
-
-        from converter.models.common.sharding import PARAMETERS
-
-        sharding = NamedSharding(mesh, PARAMETERS)
-    weights = out.target.read_weights(out.path, out.fmt)
-    counts = out.target.integer_leaves(out.family, out.config)
-    for key, array in weights.items():
-        expected = out.target.leaf_dtype(key, counts, out.dtype)
-        if np.dtype(array.dtype) != expected:
-            raise InputError(f"{out.path}: {key} is {array.dtype}, the output's dtype for it is {expected.name}")
-    return out.target.build(out.target.empty_model(out.family, out.config, out.dtype), weights, out.path, sharding)

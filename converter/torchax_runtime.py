@@ -178,6 +178,16 @@ def _scaled_dot_product_attention(
     return interop.call_jax(blocked, query, key, value)
 
 
+def _frame_causal_attention(query, key, value, frames):
+    """The PyTorch models' frame-causal attention (models/common/layers_torch.py) as the Flax models compute it: in
+    blocks, the mask from frame indices."""
+    from torchax import interop
+
+    from converter.models.common.attention import blocked_attention
+
+    return interop.call_jax(lambda q, k, v: blocked_attention(q, k, v, frames), query, key, value)
+
+
 @functools.cache
 def torchax_env():
     """torchax's environment, with this runtime's lowerings installed once."""
@@ -187,6 +197,9 @@ def torchax_env():
     env.override_op_definition(torch.ops.aten.native_group_norm.default, _native_group_norm)
     env.override_op_definition(torch.ops.aten.convolution.default, _convolution)
     env.override_op_definition(torch.nn.functional.scaled_dot_product_attention, _scaled_dot_product_attention)
+    from converter.models.common import layers_torch  # noqa: F401  (registers the frame-causal attention op)
+
+    env.override_op_definition(torch.ops.vae_convert.frame_causal_attention.default, _frame_causal_attention)
     for op, jax_op in ((torch.ops.aten.silu.default, jaten._aten_silu), (torch.ops.aten.add.Tensor, jaten._aten_add)):
         env.override_op_definition(op, _channels_last_elementwise(jax_op))
     return env

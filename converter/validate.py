@@ -2,18 +2,21 @@
 
 The reference is the project's PyTorch implementation run in plain PyTorch on the *source* weights. Both sides
 compute in float32 on weights rounded to the output dtype, so the check isolates the conversion (names, layouts,
-the target implementation) from rounding, and the tolerance stays tight for bfloat16 outputs too.
+the target implementation) from rounding, and the tolerance stays tight for bfloat16 outputs too. Each value is held
+to a tolerance of its own (`compare`), so that one huge or infinite value cannot hide a wrong channel beside it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
+from converter.errors import InputError
 from converter.runners import TorchRunner
 
-RTOL = 1e-4  # the tolerance is RTOL * max(1, max |reference|)
+RTOL = 1e-4  # each value's tolerance: RTOL * max(1, |its reference|, the median |reference| of its channel)
 
 
 @dataclasses.dataclass
@@ -21,19 +24,23 @@ class Comparison:
     name: str
     shape: tuple
     expected_shape: tuple
-    max_abs: float
+    max_abs: float  # the largest difference
     mean_abs: float
-    tol: float
+    tol: float  # the tolerance where the difference is largest against it
+    ratio: float  # that difference over that tolerance: at most 1 where it passes
+    reference_finite: bool = True  # False: the reference holds NaN or Inf, so nothing can be compared
 
     @property
     def ok(self) -> bool:
-        return self.shape == self.expected_shape and self.max_abs <= self.tol
+        return self.shape == self.expected_shape and self.reference_finite and self.ratio <= 1.0
 
     def line(self) -> str:
         mark = "✓" if self.ok else "✗"
         shape = "x".join(map(str, self.shape))
         if self.shape != self.expected_shape:
             return f"  {mark} {self.name:<14} shape {shape}, expected {'x'.join(map(str, self.expected_shape))}"
+        if not self.reference_finite:
+            return f"  {mark} {self.name:<14} {shape:<18} the reference itself is not finite: nothing to compare"
         return (
             f"  {mark} {self.name:<14} {shape:<18} max |Δ| {self.max_abs:.2e}  mean |Δ| {self.mean_abs:.2e}"
             f"  tol {self.tol:.1e}"
@@ -41,34 +48,138 @@ class Comparison:
 
     @classmethod
     def from_dict(cls, record: dict) -> Comparison:
-        """A comparison as `as_dict` recorded it (a shape mismatch is recorded with an infinite difference)."""
+        """A comparison as `as_dict` recorded it (a value that was not finite is recorded as null)."""
         shape = tuple(record["shape"])
-        return cls(record["output"], shape, shape, record["max_abs"], record["mean_abs"], record["tol"])
+        number = {k: math.inf if record.get(k) is None else record[k] for k in ("max_abs", "mean_abs", "tol")}
+        ratio = record.get("ratio", number["max_abs"] / number["tol"] if number["tol"] else math.inf)
+        return cls(
+            record["output"], shape, shape, **number, ratio=math.inf if ratio is None else ratio,
+            reference_finite=record.get("reference_finite", True),
+        )  # fmt: skip
 
     def as_dict(self) -> dict:
+        def number(x: float):  # standard JSON has no Infinity or NaN
+            return x if math.isfinite(x) else None
+
         return {
             "output": self.name,
             "shape": list(self.shape),
-            "max_abs": self.max_abs,
-            "mean_abs": self.mean_abs,
-            "tol": self.tol,
+            "max_abs": number(self.max_abs),
+            "mean_abs": number(self.mean_abs),
+            "tol": number(self.tol),
+            "ratio": number(self.ratio),
+            "reference_finite": self.reference_finite,
             "ok": self.ok,
         }
 
 
+@dataclasses.dataclass
+class FiniteCheck:
+    """The converted model run as it will run, in its own dtype (float16 or bfloat16): its outputs must be finite;
+    a model whose activations overflow the dtype decodes to NaN."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    nonfinite: int  # values that are NaN or Inf
+
+    @property
+    def ok(self) -> bool:
+        return self.nonfinite == 0
+
+    def line(self) -> str:
+        shape = "x".join(map(str, self.shape))
+        if self.ok:
+            return f"  ✓ {self.name:<14} {shape:<18} finite, run in {self.dtype}"
+        size = int(np.prod(self.shape))
+        return f"  ✗ {self.name:<14} {shape:<18} {self.nonfinite} of {size} values NaN or Inf, run in {self.dtype}"
+
+    def as_dict(self) -> dict:
+        return {
+            "output": self.name, "shape": list(self.shape), "kind": "finite", "dtype": self.dtype,
+            "nonfinite": self.nonfinite, "max_abs": None, "mean_abs": None, "tol": None, "ok": self.ok,
+        }  # fmt: skip
+
+
+def check_from_dict(record: dict):
+    """A validation check as the manifest records it."""
+    if record.get("kind") == "finite":
+        return FiniteCheck(
+            record["output"], tuple(record["shape"]), record.get("dtype", "?"), record.get("nonfinite", 1)
+        )
+    return Comparison.from_dict(record)
+
+
+def finite_in_own_dtype(family, config, runner, dtype: str) -> list[FiniteCheck]:
+    """`runner` (the converted model as loaded, fed inputs in its own dtype) on the validation inputs: a check that
+    each output is finite."""
+    latent, video = validation_inputs(family, config)
+    outputs = {"decode": runner.decode(latent, **decode_inputs(family, config))}
+    if "encoder" in family.parts:
+        outputs.update(zip((f"encode.{n}" for n in family.encode_outputs), runner.encode(video)))
+    checks = []
+    for name, out in outputs.items():
+        values = np.asarray(out).astype(np.float32)
+        checks.append(FiniteCheck(f"{name} ({dtype})", values.shape, dtype, int((~np.isfinite(values)).sum())))
+    return checks
+
+
 def compare(name: str, got: np.ndarray, expected: np.ndarray) -> Comparison:
-    tol = RTOL * max(1.0, float(np.abs(expected).max()))
+    """`got` against `expected`, value by value: each within RTOL of the larger of 1, its reference's magnitude and
+    its channel's median magnitude (axis 1), so that no single value, however large, loosens another's tolerance. A
+    reference that is not finite compares nothing: the comparison fails, saying so."""
     if got.shape != expected.shape:
-        return Comparison(name, got.shape, expected.shape, float("inf"), float("inf"), tol)
-    diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
-    return Comparison(name, got.shape, expected.shape, float(diff.max()), float(diff.mean()), tol)
+        return Comparison(name, got.shape, expected.shape, math.inf, math.inf, RTOL, math.inf)
+    expected64, got64 = expected.astype(np.float64), got.astype(np.float64)
+    if not np.isfinite(expected64).all():
+        return Comparison(name, got.shape, expected.shape, math.inf, math.inf, RTOL, math.inf, False)
+    magnitude = np.abs(expected64)
+    channel_axes = tuple(a for a in range(expected.ndim) if a != 1)
+    median = np.median(magnitude, axis=channel_axes, keepdims=True) if expected.ndim > 1 else np.median(magnitude)
+    tol = RTOL * np.maximum(np.maximum(magnitude, median), 1.0)
+    with np.errstate(invalid="ignore"):  # an Inf or NaN converted value: its difference is not finite, and fails
+        diff = np.abs(got64 - expected64)
+    ratio = np.where(np.isfinite(diff), diff / tol, np.inf)
+    worst = np.unravel_index(np.argmax(ratio), ratio.shape)
+    finite = diff[np.isfinite(diff)]
+    return Comparison(
+        name, got.shape, expected.shape,
+        float(diff.max()) if finite.size == diff.size else math.inf,
+        float(diff.mean()) if finite.size == diff.size else math.inf,
+        float(tol[worst]), float(ratio[worst]),
+    )  # fmt: skip
 
 
-def validation_inputs(family, config) -> tuple[np.ndarray, np.ndarray]:
-    """A deterministic latent and video (channels-first) of the family's validation shapes. The video encodes to a
-    latent the decode steps are already compiled for, so decoding it again for the picture compiles nothing."""
-    latent = np.random.default_rng(0).standard_normal(family.validation_latent_shape(config)).astype(np.float32)
-    return latent, validation_clip(family.validation_video_shape(config))
+MAX_VALIDATION_VALUES = 2**26  # a validation input's values: 256 MB in float32, 16 times a released model's largest
+
+
+def ensure_inputs_fit(family, config):
+    """Refuses, before anything is written, a config whose validation inputs would be larger than any released
+    model's by far (their sizes follow its compression, which a config's fields multiply)."""
+    for what, shape in validation_shapes(family, config).items():
+        if math.prod(shape) > MAX_VALIDATION_VALUES:
+            raise InputError(
+                f"validating this config would need a {what} of shape {list(shape)}: its compression is beyond any "
+                "released model's (--no-validate converts without validating)"
+            )
+
+
+def validation_shapes(family, config) -> dict[str, tuple]:
+    """The shapes of the validation's inputs: the latent it decodes, and the sample it encodes where the model has an
+    encoder."""
+    shapes = {"latent": tuple(family.validation_latent_shape(config))}
+    if "encoder" in family.parts:
+        shapes["sample"] = tuple(family.validation_sample_shape(config))
+    return shapes
+
+
+def validation_inputs(family, config) -> tuple[np.ndarray, np.ndarray | None]:
+    """A deterministic latent and video (channels-first) of the family's validation shapes (no video for a model
+    without an encoder). The video encodes to a latent the decode steps are already compiled for, so decoding it
+    again for the picture compiles nothing."""
+    shapes = validation_shapes(family, config)
+    latent = np.random.default_rng(0).standard_normal(shapes["latent"]).astype(np.float32)
+    return latent, validation_clip(shapes["sample"]) if "sample" in shapes else None
 
 
 def validation_clip(shape: tuple) -> np.ndarray:
@@ -99,8 +210,10 @@ def reference_model(family, config, source_weights, dtype):
     """The PyTorch model on the source weights rounded to `dtype` (counts as they are)."""
     import torch
 
+    from converter.targets import is_count
+
     def rounded(array):
-        return array if array.dtype.kind in "iu" else array.astype(dtype).astype(np.float32)
+        return np.array(array) if is_count(array.dtype) else array.astype(dtype).astype(np.float32)
 
     model = family.torch_model()(config)
     state = {k: torch.from_numpy(rounded(np.asarray(source_weights[k]))) for k in source_weights.specs}
@@ -114,16 +227,18 @@ class Outcome:
 
     comparisons: list[Comparison]
     runners: tuple
-    video: np.ndarray
-    means: tuple[np.ndarray, np.ndarray]  # the video's encoding by each
+    video: np.ndarray | None  # None for a model without an encoder
+    means: tuple[np.ndarray, np.ndarray] | None  # the video's encoding by each (the first of what encode gives)
     decoded: tuple[np.ndarray, np.ndarray]  # the validation latent decoded by each
     decode_inputs: dict  # the extra inputs both decoded with
 
     def picture(self, path) -> dict:
         from converter import preview
 
-        reconstructions = tuple(
-            drive.decode(mean, **self.decode_inputs) for drive, mean in zip(self.runners, self.means)
+        reconstructions = (
+            tuple(drive.decode(mean, **self.decode_inputs) for drive, mean in zip(self.runners, self.means))
+            if self.means is not None
+            else None
         )
         return preview.write(path, self.video, reconstructions, self.decoded)
 
@@ -141,12 +256,15 @@ def compare_runners(family, config, runner, reference) -> Outcome:
     latent, video = validation_inputs(family, config)
     inputs = decode_inputs(family, config)
     outputs = {}
+    encodings = [f"encode.{name}" for name in family.encode_outputs] if video is not None else []
     for name, drive in (("got", runner), ("expected", reference)):
-        mean, logvar = drive.encode(video)
-        outputs[name] = {"decode": drive.decode(latent, **inputs), "encode.mean": mean, "encode.logvar": logvar}
+        outputs[name] = {"decode": drive.decode(latent, **inputs)}
+        if encodings:
+            outputs[name].update(zip(encodings, drive.encode(video)))
     comparisons = [compare(name, outputs["got"][name], outputs["expected"][name]) for name in outputs["expected"]]
-    pairs = {name: (outputs["got"][name], outputs["expected"][name]) for name in ("encode.mean", "decode")}
-    return Outcome(comparisons, (runner, reference), video, pairs["encode.mean"], pairs["decode"], inputs)
+    pairs = {name: (outputs["got"][name], outputs["expected"][name]) for name in (*encodings[:1], "decode")}
+    means = pairs[encodings[0]] if encodings else None
+    return Outcome(comparisons, (runner, reference), video, means, pairs["decode"], inputs)
 
 
 def run(family, config, runner, source_weights, dtype) -> Outcome:

@@ -154,6 +154,22 @@ def released_executables():
 
 
 @pytest.fixture(scope="session")
+def default_arch(tmp_path_factory):
+    """family -> its default architecture at small widths, saved by diffusers and converted to every target
+    (tests.helpers.Converted), once a test process: the modules that need a family's default checkpoint share it."""
+    from tests.helpers import converted_outputs
+
+    cache = {}
+
+    def get(family):
+        if family.name not in cache:
+            cache[family.name] = converted_outputs(family, "default-arch", tmp_path_factory.mktemp(family.name))
+        return cache[family.name]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def wan_small(tmp_path_factory):
     """A small Wan checkpoint saved by diffusers (the default architecture at small widths), and the model."""
     path = tmp_path_factory.mktemp("wan_small") / "vae"

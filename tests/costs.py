@@ -14,7 +14,7 @@ import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from converter.registry import FAMILIES, MODELS
+from converter.registry import COMPONENT_MODELS, FAMILIES, get_model
 from tests.helpers import REPO
 
 DOC = REPO / "docs" / "testing.md"
@@ -26,8 +26,8 @@ def family_of(module: str, name: str) -> str | None:
     named = [family for family in FAMILIES if case == family or case.startswith(f"{family}-")]
     if named:
         return max(named, key=len)  # ltx2-... is ltx2's, not ltx's
-    if case in MODELS:
-        return MODELS[case].family.name
+    if case.partition(":")[0] in {name for name, _ in COMPONENT_MODELS}:
+        return get_model(case).family.name
     folder = module.removeprefix("test_")
     owners = [name for name, family in FAMILIES.items() if family.folder == folder]
     return "+".join(owners) if owners else None

@@ -4,6 +4,7 @@ independent oracle), and the assertions every failure test makes."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import shutil
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from converter.models.common.spec import FamilySpec
-from converter.registry import MODELS
+from converter.registry import get_model
 from converter.targets import TARGETS
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,7 +100,7 @@ def only(folder: Path, *names: str):
 
 
 def family_of(model: str) -> FamilySpec:
-    return MODELS[model].family
+    return get_model(model).family
 
 
 def small(family: FamilySpec, which: str) -> tuple[str, dict]:
@@ -107,13 +108,19 @@ def small(family: FamilySpec, which: str) -> tuple[str, dict]:
     from converter.registry import model_for
 
     config = family.testing().small_configs[which]
-    return model_for(family, family.config_class.from_dict(config)).name, config
+    return model_for(family, family.config_class.from_dict(config)).qualified, config
+
+
+def diffusers_decode(model, z, **inputs) -> torch.Tensor:
+    """A diffusers model's decode as its pipelines call it: `decode(z).sample`, or, for a class that is a decoder
+    only (a vocoder), `model(z)`."""
+    return model.decode(z, **inputs).sample if hasattr(model, "decode") else model(z, **inputs)
 
 
 def input_shape(family: FamilySpec, batch: int, channels: int, frames: int, height: int, width: int) -> tuple:
-    """A channels-first input's shape for the family's models: (B, C, T, H, W), or an image model's (B, C, H, W)
-    (`frames` unused)."""
-    return (batch, channels, height, width) if family.image else (batch, channels, frames, height, width)
+    """A channels-first input's shape for the family's models: (B, C, T, H, W), or, without a frame axis, an
+    image's (B, C, H, W) (`frames` unused)."""
+    return (batch, channels, frames, height, width) if family.frame_axis else (batch, channels, height, width)
 
 
 def family_cases(cases) -> dict:
@@ -161,10 +168,8 @@ def per_family(fast=lambda family: True) -> list:
 def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) -> torch.nn.Module:
     """A diffusers VAE of `family` with every parameter perturbed (norms and biases too, so a mapping that misplaces
     them shows), saved with diffusers' own `save_pretrained`."""
-    import diffusers
-
     torch.manual_seed(seed)
-    model = getattr(diffusers, family.class_name)(**config).eval()
+    model = family.diffusers_class()(**config).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -177,9 +182,31 @@ def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) 
                 b.add_(torch.randint(1, 1 << 20, b.shape, generator=generator))
         if family.clamps_output:
             # keep decoded values inside the [-1, 1] clamp, where a wrong value cannot hide behind saturation
-            model.decoder.conv_out.weight.mul_(0.1)
+            for name, weight in model.named_parameters():
+                if name.endswith("conv_out.weight") and not name.startswith("encoder."):
+                    weight.mul_(0.03)
     model.save_pretrained(path)
     return model
+
+
+@dataclasses.dataclass(frozen=True)
+class Converted:
+    """A family's small checkpoint saved by diffusers and converted through the CLI (no validation)."""
+
+    name: str  # the first model name of its variant
+    reference: torch.nn.Module  # the diffusers model
+    source: Path  # its diffusers folder
+    outputs: dict[str, Path]  # target -> output folder (tests change only copies of them)
+
+
+def converted_outputs(family: FamilySpec, which: str, root: Path) -> Converted:
+    """One of the family's small configs saved by diffusers under root/vae and converted to every target."""
+    name, config = small(family, which)
+    reference = save_diffusers(family, root / "vae", config)
+    for target in TARGETS:
+        result = run_in_process(name, "--source", root / "vae", "--to", target, "--out", root / target, "--no-validate")
+        assert result.returncode == 0, result.stdout + result.stderr
+    return Converted(name, reference, root / "vae", {target: root / target for target in TARGETS})
 
 
 def converted_by_cli(model: str, config: dict, root: Path, targets=tuple(TARGETS)) -> tuple:

@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import save_file
 
 from converter.mapping import MAPPINGS_DIR, load_mapping
-from converter.targets import read_output
+from converter.output import read_output
+from converter.sources import SPLIT_PARTS
 from tests.helpers import PAIRINGS, family_cases, small
 
 # Each family's original formats as its test data writes them (models/<family>/testing.py): by format, (family,
@@ -48,23 +49,33 @@ def as_released(state: dict, fmt: str, family=None) -> dict:
 
 def write_original(state: dict, fmt: str, path, wrapper=FORMATS, extra=None):
     """The diffusers state_dict renamed as the original file has it, written as it is released: a `.safetensors`
-    file, or pickled (SAT: wrapped, with training-discriminator tensors beside the model's)."""
+    file, or pickled (SAT: wrapped, with training-discriminator tensors beside the model's); a release split by part
+    as one file per part, named after `path` (returned: the first part's file, which brings the others)."""
     tensors = {**as_released(state, fmt), **(extra or {})}
     wrapper = FORMATS[fmt][1].wrapper if wrapper is FORMATS else wrapper
     path.parent.mkdir(parents=True, exist_ok=True)
+    if not FORMATS[fmt][1].split_by_part:
+        _write(tensors, path, wrapper)
+        return path
+    files = {part: path.with_name(f"{path.stem}_{part}{path.suffix}") for part in SPLIT_PARTS}
+    for part, file in files.items():
+        _write({k.removeprefix(f"{part}."): v for k, v in tensors.items() if k.startswith(f"{part}.")}, file, wrapper)
+    return files[SPLIT_PARTS[0]]
+
+
+def _write(tensors: dict, path, wrapper):
     if path.suffix == ".safetensors":
         save_file({k: v.contiguous() for k, v in tensors.items()}, path)
     else:
         torch.save({wrapper: tensors} if wrapper else tensors, path)
-    return path
 
 
 def as_converted_by_diffusers(model, fmt: str):
     """`model` as diffusers' converter makes it of a file of `fmt`: a count such files lack (the format's
-    `absent`) holds the value diffusers' loader gives it."""
+    `filled`) holds the value diffusers' loader gives it."""
     family = FORMATS[fmt][0]
     with torch.no_grad():
-        for key, value in load_mapping(MAPPINGS_DIR / family.mapping_file).formats[fmt].absent.items():
+        for key, value in load_mapping(MAPPINGS_DIR / family.mapping_file).formats[fmt].filled.items():
             model.get_buffer(key).fill_(value)
     return model
 

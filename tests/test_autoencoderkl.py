@@ -1,16 +1,17 @@
 """The image VAEs of SD, SDXL, SD3, Flux.1 and Flux.2 beyond the generic tests (which take their small configs, image
-sizes, tiling case, meshes and original single files from models/autoencoderkl/testing.py): diffusers reads the
-torchax output; a checkpoint saved with diffusers' old attention names converts to the tensors diffusers itself loads
-from it; the VAE inside a whole SD or SD3 checkpoint converts, the rest named and dropped; a file with no config
-converts as what its tensors say, and they say every published config back; a VAE kept at the top of its Hub repo
-(sdxl-vae-fp16-fix) is fetched alone; the models take images, not videos; Flux.2's BatchNorm statistics are carried
-exactly and normalise latents as Flux.2's pipelines do; a checkpoint of one class named as the other is refused with
-the right command."""
+sizes, tiling case, meshes and original single files from models/autoencoderkl/testing.py): a checkpoint saved with
+diffusers' old attention names converts to the tensors diffusers itself loads from it; the VAE inside a whole SD or
+SD3 checkpoint converts, the rest named and dropped; an LDM file of any depth converts as diffusers' converter
+converts it; a file with no config converts as what its tensors say, and they say every published config back; a
+VAE kept at the top of its Hub repo (sdxl-vae-fp16-fix) is fetched alone; Flux.2's BatchNorm statistics are carried
+exactly and normalise latents as Flux.2's pipelines do; BFL's Flux.2 file named as Flux.1 is refused with the right
+command."""
 
 from __future__ import annotations
 
 import ast
 import json
+import shutil
 from pathlib import Path
 
 import diffusers
@@ -36,16 +37,6 @@ def checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("kl") / "vae"
     save_diffusers(KL, folder, small(KL, "default-arch")[1])
     return folder
-
-
-def test_diffusers_reads_the_torchax_output(checkpoint, tmp_path):
-    name, _ = small(KL, "default-arch")
-    run_cli(name, "--source", checkpoint, "--to", "torchax", "--out", tmp_path / "tx", "--no-validate")
-    read = diffusers.AutoencoderKL.from_pretrained(tmp_path / "tx").eval()
-    reference = diffusers.AutoencoderKL.from_pretrained(checkpoint).eval()
-    z = torch.randn(1, 4, 3, 5, generator=torch.Generator().manual_seed(0))
-    with torch.no_grad():
-        assert torch.equal(read.decode(z).sample, reference.decode(z).sample)
 
 
 def test_legacy_attention_names_convert_to_what_diffusers_loads(checkpoint, tmp_path):
@@ -106,6 +97,40 @@ def test_the_vae_of_a_whole_checkpoint_converts_and_the_rest_is_dropped(tmp_path
     assert "dropped 2 tensor(s) by rule not-the-vae" in result.stderr
 
 
+def _ldm_key(key: str, levels: int) -> str:
+    """The LDM name of a diffusers key, as the pairings' script writes it (tests/data/source-formats/)."""
+    import importlib.util
+
+    path = DATA / "source-formats" / "make_autoencoderkl_pairings.py"
+    spec = importlib.util.spec_from_file_location("make_autoencoderkl_pairings", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script.ldm_key(key, levels)
+
+
+@pytest.mark.parametrize("widths", [(32, 64, 64), (32, 32, 64, 64, 64)], ids=["3-levels", "5-levels"])
+def test_an_ldm_file_of_any_depth_converts_as_diffusers_converts_it(tmp_path, widths):
+    """The LDM decoder numbers its levels from the top: a kl-f4 (3 levels) or 5-level VAE file, with no config, converts
+    to the tensors diffusers' own convert_ldm_vae_checkpoint makes of it, its depth read from the tensors."""
+    from diffusers.loaders.single_file_utils import convert_ldm_vae_checkpoint
+
+    n = len(widths)
+    config = dict(small(KL, "default-arch")[1], block_out_channels=list(widths), norm_num_groups=32)
+    config.update(down_block_types=["DownEncoderBlock2D"] * n, up_block_types=["UpDecoderBlock2D"] * n)
+    state = save_diffusers(KL, tmp_path / "diffusers", config).state_dict()
+    released = {
+        _ldm_key(k, n): v.reshape(*v.shape, 1, 1) if ".attentions.0.to_" in k and k.endswith("weight") else v
+        for k, v in state.items()
+    }
+    oracle = convert_ldm_vae_checkpoint(released, config)
+    assert oracle.keys() == state.keys() and all(torch.equal(oracle[k], state[k]) for k in state)
+    save_file({k: v.contiguous() for k, v in released.items()}, tmp_path / "vae.safetensors")
+    result = run_cli("sd1.5", "--source", tmp_path / "vae.safetensors", "--to", "torchax", "--out", tmp_path / "o")
+    assert "block_out_channels" in result.stderr  # inferred from the tensors, said
+    got = load_file(tmp_path / "o" / "diffusion_pytorch_model.safetensors")
+    assert got.keys() == state.keys() and all(torch.equal(got[k], state[k]) for k in state)
+
+
 def test_a_vae_at_the_top_of_its_hub_repo_is_fetched_alone(hub, checkpoint, tmp_path):
     """sdxl-vae-fp16-fix keeps diffusers' files at the repo's top, beside single-file copies of the same VAE that a
     conversion must not fetch."""
@@ -115,17 +140,6 @@ def test_a_vae_at_the_top_of_its_hub_repo_is_fetched_alone(hub, checkpoint, tmp_
     run_cli("sdxl-fp16-fix", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     fetched = {path.split("/resolve/", 1)[1].split("/", 1)[1] for path in hub.downloads()}
     assert fetched == {"config.json", "diffusion_pytorch_model.safetensors"}
-
-
-def test_the_models_take_images(checkpoint, tmp_path):
-    name, _ = small(KL, "default-arch")
-    for target in ("flax", "torchax"):
-        run_cli(name, "--source", checkpoint, "--to", target, "--out", tmp_path / target, "--no-validate")
-    video = np.zeros((1, 1, 8, 8, 4), np.float32)
-    with pytest.raises(ValueError, match=r"decode: expected a 4-d array \(B, H, W, C\)"):
-        converter.load(tmp_path / "flax").decode(video)
-    with pytest.raises(ValueError, match=r"decode: expected a 4-d array \(B, C, H, W\)"):
-        converter.load(tmp_path / "torchax").decode(torch.from_numpy(video))
 
 
 # what no tensor shows: from the model name
@@ -228,16 +242,11 @@ def _flux2_pipeline_patchify():
     return namespace["_patchify_latents"]
 
 
-def test_a_checkpoint_of_one_class_named_as_the_other_is_refused(flux2_outputs, checkpoint, tmp_path):
-    fails(["sd1.5", "--source", flux2_outputs / "vae", "--to", "flax", "--out", tmp_path / "o"], 3,
-          "config.json is for AutoencoderKLFlux2", "try `vae-convert flux.2-dev`", out=tmp_path / "o")  # fmt: skip
-    fails(["flux.2-dev", "--source", checkpoint, "--to", "flax", "--out", tmp_path / "o"], 3,
-          "config.json is for AutoencoderKL,", "try `vae-convert sd1.5`", out=tmp_path / "o")  # fmt: skip
-    # BFL's files carry no config: their keys tell Flux.2's (quant convs inside the coders, bn) from Flux.1's
-    bfl = flux2_outputs / "ae.safetensors"
-    told = "is a checkpoint of AutoencoderKLFlux2 (bfl-flux2"
-    fails(["flux.1-dev", "--source", bfl, "--to", "flax", "--out", tmp_path / "o"], 3,
-          told, "try `vae-convert flux.2-dev`", out=tmp_path / "o")  # fmt: skip
+def test_a_bfl_flux2_file_named_as_flux1_is_refused_with_its_command(flux2_outputs, tmp_path):
+    """BFL's files carry no config: their keys tell Flux.2's (quant convs inside the coders, bn) from Flux.1's."""
+    out = tmp_path / "o"
+    args = ["flux.1-dev", "--source", flux2_outputs / "ae.safetensors", "--to", "flax", "--out", out]
+    fails(args, 3, "is a checkpoint of AutoencoderKLFlux2 (bfl-flux2", "try `vae-convert flux.2-dev`", out=out)
 
 
 def test_a_bfl_flux2_file_without_config_converts_as_its_tensors_say(flux2_outputs, tmp_path):
@@ -245,13 +254,62 @@ def test_a_bfl_flux2_file_without_config_converts_as_its_tensors_say(flux2_outpu
     batches it lacks filled as diffusers' loader fills it, said and recorded, validated."""
     bfl = flux2_outputs / "ae.safetensors"
     result = run_cli("flux.2-dev", "--source", bfl, "--to", "torchax", "--out", tmp_path / "out")
-    assert "bn.num_batches_tracked absent: 0, as diffusers' loader gives it" in result.stderr
+    assert "bn.num_batches_tracked filled with 0, as diffusers' loader gives it" in result.stderr
     info = manifest(tmp_path / "out")
     assert info["validation"]["ok"] and info["source"]["filled"] == {"bn.num_batches_tracked": 0}
     assert info["source"]["config_inferred"] == ["block_out_channels", "latent_channels"]
+    shown = run_cli("info", tmp_path / "out").stdout
+    assert "filled:   bn.num_batches_tracked = 0" in shown
+    assert "config:   block_out_channels, latent_channels read from the tensors" in shown
     expected = FLUX2.config_class.from_dict(FLUX2_RELEASED).to_dict()
     assert json.loads((tmp_path / "out" / "config.json").read_text()) == expected
     converted = load_file(tmp_path / "out" / "diffusion_pytorch_model.safetensors")
     state = load_file(flux2_outputs / "released" / "diffusion_pytorch_model.safetensors")
     assert converted["bn.num_batches_tracked"].dtype == torch.int64 and converted["bn.num_batches_tracked"] == 0
     assert all(torch.equal(converted[k], v) for k, v in state.items() if k != "bn.num_batches_tracked")
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.uint8])
+def test_a_whole_checkpoint_with_a_quantized_transformer_converts_its_vae(tmp_path, dtype):
+    """All-in-one files keep an fp8 or 8-bit transformer beside a float VAE: every safetensors dtype is read, and
+    only the tensors converted are judged by theirs."""
+    name, config = small(KL, "default-arch")
+    config = {**config, **KL.testing().original_files["ldm"].config_changes}
+    state = save_diffusers(KL, tmp_path / "diffusers", config).state_dict()
+    vae = as_released(state, "ldm-checkpoint", KL)
+    save_file({**vae, "model.diffusion_model.x.weight": torch.zeros(4, 4, dtype=dtype)}, tmp_path / "all.safetensors")
+    args = (
+        "--config",
+        tmp_path / "diffusers" / "config.json",
+        "--to",
+        "flax",
+        "--out",
+        tmp_path / "o",
+        "--no-validate",
+    )
+    run_cli(name, "--source", tmp_path / "all.safetensors", *args)
+    assert manifest(tmp_path / "o")["source"]["dropped"]["not-the-vae"]["tensors"] == 1
+
+
+def test_a_config_and_weights_of_two_models_are_refused_without_a_command_that_loops(flux2_outputs, tmp_path):
+    """Flux.2's weights under an AutoencoderKL config.json: the keys name one class, the config the other. Each
+    model name once sent the user to the other; now the named one says the folder holds two models."""
+    folder = tmp_path / "mixed"
+    shutil.copytree(flux2_outputs / "vae", folder)
+    config = json.loads((folder / "config.json").read_text())
+    config = {k: v for k, v in config.items() if k in KL.config_class.__dataclass_fields__}
+    (folder / "config.json").write_text(json.dumps({**config, "_class_name": "AutoencoderKL"}))
+    out = tmp_path / "o"
+    error = fails(["sd1.5", "--source", folder, "--to", "flax", "--out", out], 3, "of two models", out=out)
+    assert "vae-convert" not in error
+
+
+def test_an_image_smaller_than_the_downsamplers_take_is_one_clear_error(default_arch):
+    """diffusers fails on a kernel larger than the input; here the models say the size they need."""
+    converted = default_arch(KL)
+    ratio = KL.config_class.from_dict(dict(converted.reference.config)).spatial_ratio
+    flax_model, torch_model = (converter.load(converted.outputs[t]) for t in ("flax", "torchax"))
+    with pytest.raises(ValueError, match=f"at least {ratio}x{ratio} pixels"):
+        flax_model.encode(np.zeros((1, 1, 3, 3), np.float32))
+    with pytest.raises(ValueError, match=f"at least {ratio}x{ratio} pixels"):
+        torch_model.encode(torch.zeros(1, 3, ratio - 1, 8))

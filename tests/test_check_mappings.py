@@ -256,3 +256,17 @@ def test_a_signature_that_fits_another_family_s_checkpoint_is_refused(tmp_path):
     assert (
         f"{path}:" in result.output and "also fits a checkpoint of AutoencoderKLCogVideoX (cogvideox" in result.output
     )
+
+
+def test_a_format_that_would_fill_a_weight_is_refused(tmp_path):
+    """`filled` gives counts a file lacks the value PyTorch's loader gives them; a weight filled so would validate
+    against the same invention. check-mappings refuses it, and so does a conversion."""
+    text = (MAPPINGS_DIR / "autoencoderkl.yaml").read_text()
+    broken = text.replace(
+        "filled: {bn.num_batches_tracked: 0}", "filled: {bn.num_batches_tracked: 0, bn.running_var: 1}"
+    )
+    assert broken != text
+    path = tmp_path / "autoencoderkl.yaml"
+    path.write_text(broken)
+    result = CliRunner().invoke(cli, ["check-mappings", str(path), "--pairings", str(PAIRINGS)])
+    assert result.exit_code == 4 and "'filled' names bn.running_var, which are weights, not counts" in result.output

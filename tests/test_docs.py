@@ -8,6 +8,7 @@ import ast
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 from converter import mapping
 from tests.helpers import REPO
@@ -25,7 +26,7 @@ def test_every_mapping_field_is_documented_and_every_documented_field_is_known()
     documented = {(part, field.strip("`")) for field, part, _ in _table_rows((DOCS / "mapping-format.md").read_text())}
     known = {
         **{("file", f): None for f in mapping.TOP_FIELDS},
-        **{("rule", f): None for f in mapping.RULE_FIELDS},
+        **{("rule", f): None for f in mapping.RULE_FIELDS | mapping.USE_FIELDS},
         **{("drop", f): None for f in mapping.DROP_FIELDS},
         **{("format", f): None for f in mapping.FORMAT_FIELDS},
         **{("container", f): None for f in mapping.CONTAINER_FIELDS},
@@ -118,3 +119,27 @@ def test_every_pointer_to_a_file_or_section_resolves():
                 elif anchor and anchor not in {_slug(h) for h in _headings(target)}:
                     broken.append(f"{where}: no anchor {link}")
     assert not broken, "\n".join(broken)
+
+
+# Prose that counts what the registry counts goes stale with the next family: "both families", "all four models",
+# "2 files, 8 distinct configs". Write "every family" and let the registry count.
+COUNTED = re.compile(
+    r"\b(?:both|two|three|four|five|six|seven|eight|nine|ten|\d+)\s+(?:video\s+|image\s+)?families\b"
+    r"|\ball\s+(?:two|three|four|five|six|seven|eight|nine|ten|\d+)\s+(?:video\s+|image\s+)?(?:models|VAEs)\b"
+    r"|\b\d+\s+(?:mapping\s+)?files?,\s+\d+\s+(?:distinct\s+)?configs\b",
+    re.IGNORECASE,
+)
+
+
+def test_no_prose_counts_the_families():
+    """README, the guides, setup.cfg and every docstring and comment of the code say "every family", never a count."""
+    files = [REPO / "README.md", REPO / "setup.cfg", *(DOCS.glob("*.md")), *(REPO / "bench").glob("*.md")]
+    files += [p for folder in ("converter", "models", "bench", "tests") for p in (REPO / folder).rglob("*.py")]
+    found = [
+        f"{path.relative_to(REPO)}:{n}: {match.group(0)}"
+        for path in files
+        if path != Path(__file__)  # the examples above
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        for match in COUNTED.finditer(line)
+    ]
+    assert not found, found

@@ -117,12 +117,20 @@ def test_bfloat16_output_exports_as_bfloat16_or_float32(wan_small, tmp_path):
     assert manifest(tmp_path / "bf16")["dtype"] == "bfloat16" and manifest(tmp_path / "fp32")["dtype"] == "float32"
 
 
-def test_torchax_output_is_copied(wan_small, tmp_path):
-    source, _ = wan_small
-    run_cli("wan2.1", "--source", source, "--to", "torchax", "--out", tmp_path / "tx", "--no-validate")
-    result = run_cli("export", tmp_path / "tx", "--out", tmp_path / "copy")
-    assert "already in diffusers' format" in result.stderr
-    assert (tmp_path / "copy" / WEIGHTS).read_bytes() == (tmp_path / "tx" / WEIGHTS).read_bytes()
+def test_either_target_exports_bit_exact_and_to_a_lower_dtype_validated(wan_small_outputs, tmp_path):
+    """Export runs any output's rules backwards, the torchax output's too (its keys are diffusers' already); to a
+    lower dtype, validation compares with the output's model on weights rounded to it, as a conversion compares."""
+    for target, folder in wan_small_outputs.items():
+        run_cli("export", folder, "--out", tmp_path / target, "--no-validate")
+        flax_back = load_file(tmp_path / target / WEIGHTS)
+        if target == "torchax":
+            original = load_file(folder / WEIGHTS)
+            assert flax_back.keys() == original.keys()
+            assert all(flax_back[k].tobytes() == v.tobytes() for k, v in original.items())
+        for dtype in ("bfloat16", "float16"):
+            out = tmp_path / f"{target}-{dtype}"
+            run_cli("export", folder, "--out", out, "--dtype", dtype)
+            assert manifest(out)["validation"]["ok"] and manifest(out)["dtype"] == dtype
 
 
 def _flax_safetensors_output(source, folder):

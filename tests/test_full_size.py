@@ -15,12 +15,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from converter.registry import MODELS, first_of_each_variant
+from converter.registry import first_of_each_variant, get_model
 from tests.helpers import PAIRINGS, REPO, manifest, run_cli, save_diffusers
 
 pytestmark = pytest.mark.slow  # every test converts a model of 100-700 M parameters
 
-FULL_SIZE = {entry.name: entry.family for entry in first_of_each_variant() if entry.family.testing().full_size}
+FULL_SIZE = {e.qualified: e.family for e in first_of_each_variant() if e.family.testing().full_size}
 
 
 @pytest.fixture(
@@ -31,7 +31,7 @@ def full_size(request, tmp_path_factory):
     the conversions beside it need the memory."""
     folder = tmp_path_factory.mktemp(request.param)
     path = folder / "vae"
-    state = save_diffusers(FULL_SIZE[request.param], path, MODELS[request.param].config).state_dict()
+    state = save_diffusers(FULL_SIZE[request.param], path, get_model(request.param).config).state_dict()
     counts = len(state), sum(v.numel() for v in state.values())
     del state
     yield request.param, path, counts
@@ -46,16 +46,17 @@ def test_full_size_converts_and_validates(full_size, tmp_path):
     result = run_cli(model_name, "--source", source, "--to", "flax", "--out", out)
     info = manifest(out)
     checks = info["validation"]["checks"]
-    assert {c["output"] for c in checks} == {"decode", "encode.mean", "encode.logvar"}
-    assert all(c["ok"] and c["max_abs"] <= c["tol"] for c in checks)
+    encodings = {f"encode.{name}" for name in FULL_SIZE[model_name].encode_outputs}
+    assert {c["output"] for c in checks} == {"decode", *encodings}
+    assert all(c["ok"] and c["ratio"] <= 1 for c in checks)
     assert f"{tensors} tensors, {parameters / 1e6:.1f}M parameters" in result.stdout
     assert info["source"]["sha256"] and info["dtype"] == "float32"
     assert json.loads((out / "config.json").read_text())["_class_name"] == FULL_SIZE[model_name].class_name
 
 
 def test_conversion_streams(full_size, tmp_path):
-    """Peak RSS above the process's baseline (after imports) at most 1.0x the checkpoint, measured as the benchmark
-    measures it (bench/run.py, its own process)."""
+    """Peak RSS above the process's baseline (after imports) at most 1.0x the checkpoint (or FIXED_MB), measured as the
+    benchmark measures it (bench/run.py, its own process)."""
     model_name, source, _ = full_size
     _assert_streams(model_name, source / "diffusion_pytorch_model.safetensors", tmp_path)
 
@@ -80,6 +81,11 @@ def test_full_size_original_wan21_file(full_size, tmp_path):
     _assert_streams(model_name, original, tmp_path)
 
 
+# What a conversion holds whatever the checkpoint's size (Orbax's writer threads and TensorStore's buffers): a
+# checkpoint of a few megabytes (TAESD's 10 MB) stays under it, not under its own size
+FIXED_MB = 64
+
+
 def _assert_streams(model_name: str, checkpoint, tmp_path):
     checkpoint_mb = checkpoint.stat().st_size / 1e6
     task = dict(source=str(checkpoint), out=str(tmp_path / "out"), model=model_name, target="flax")
@@ -91,4 +97,4 @@ def _assert_streams(model_name: str, checkpoint, tmp_path):
         check=True,
     )
     peak_mb = json.loads(result.stdout.strip().splitlines()[-1])["peak_above_baseline_mb"]
-    assert peak_mb <= checkpoint_mb, (peak_mb, checkpoint_mb)
+    assert peak_mb <= max(checkpoint_mb, FIXED_MB), (peak_mb, checkpoint_mb)

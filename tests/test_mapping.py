@@ -137,7 +137,102 @@ def test_lookup_renumbers_by_index(tmp_path):
 
     rules = _mapping(tmp_path, FORMAT.replace("{LOOKUP}", "{n: level}"))
     result = rename_keys(
-        rules, rules.formats["release"], {"up.0.w": (2,), "up.1.w": (3,)}, {"blocks.1.w": (2,), "blocks.0.w": (3,)}
+        rules, rules.formats["release"], {"up.0.w": (2,), "up.1.w": (3,)}, {"blocks.1.w": (2,), "blocks.0.w": (3,)}, {}
     )
     assert not result.problems
     assert {a.source_key: a.target_key for a in result.assignments} == {"up.0.w": "blocks.1.w", "up.1.w": "blocks.0.w"}
+
+
+def _renamed(rules, fmt: str, keys: list[str], config: dict) -> dict:
+    from converter.mapping import rename_keys
+
+    targets = {f"blocks.{i}.w": (1,) for i in range(8)}
+    result = rename_keys(rules, rules.formats[fmt], dict.fromkeys(keys, (1,)), targets, config)
+    assert not result.conflicts and not result.twice, result.problems
+    return {a.source_key: a.target_key for a in result.assignments}
+
+
+def test_index_expression_counts_levels_from_the_config(tmp_path):
+    """The LDM decoder's levels, numbered from the top, at any depth: the index is computed from the config."""
+    rules = _mapping(tmp_path, FORMAT.replace("        lookup: {LOOKUP}", "        index: {n: 'len(widths) - 1 - n'}"))
+    for depth in (2, 3, 5):
+        keys = [f"up.{i}.w" for i in range(depth)]
+        renamed = _renamed(rules, "release", keys, {"widths": [8] * depth})
+        assert renamed == {f"up.{i}.w": f"blocks.{depth - 1 - i}.w" for i in range(depth)}
+    # a config without the field, or an index the formula sends below zero: the key is unfit, said with the formula
+    from converter.mapping import rename_keys
+
+    for config in ({}, {"widths": [8]}):
+        result = rename_keys(rules, rules.formats["release"], {"up.1.w": (1,)}, {"blocks.0.w": (1,)}, config)
+        assert any("len(widths) - 1 - n" in p for p in result.unfit), result.unfit
+
+
+@pytest.mark.parametrize(
+    ("expression", "needle"),
+    [
+        ("__import__('os').getcwd()", "integers, names, len(name)"),
+        ("n ** 40", "integers, names, len(name)"),
+        ("n / 2", "integers, names, len(name)"),
+        ("n.real", "integers, names, len(name)"),
+        ("len(n, n)", "integers, names, len(name)"),
+        ("n +", "is not a formula"),
+        ("1" + " + 1" * 60, "at most 120 characters"),
+    ],
+)
+def test_index_expression_is_a_small_formula_checked_when_loading(tmp_path, expression, needle):
+    text = FORMAT.replace("        lookup: {LOOKUP}", f'        index: {{n: "{expression}"}}')
+    with pytest.raises(MappingError, match=re.escape(needle)):
+        _mapping(tmp_path, text)
+
+
+SHARED = """
+family: toy
+lookups:
+  level: {0: 1, 1: 0}
+rule_sets:
+  ups:
+    - name: up
+      match: 'up\\.(?P<n>\\d+)\\.w'
+      to: 'blocks.{n}.w'
+      lookup: {n: level}
+targets:
+  flax: []
+source_formats:
+  plain:
+    signature: [up.0.w]
+    rules:
+      - use: ups
+  checkpoint:
+    signature: [model.up.0.w]
+    prefix: model.
+    rules:
+      - use: ups
+    drop:
+      - name: other-models
+        match: '(?!model\\.).+'
+"""
+
+
+def test_rule_sets_and_file_lookups_are_shared_by_name(tmp_path):
+    rules = _mapping(tmp_path, SHARED)
+    plain, checkpoint = rules.formats["plain"], rules.formats["checkpoint"]
+    assert [r.shown_name for r in plain.rules] == ["ups/up"] and plain.rules == checkpoint.rules
+    assert _renamed(rules, "plain", ["up.0.w", "up.1.w"], {}) == {"up.0.w": "blocks.1.w", "up.1.w": "blocks.0.w"}
+    # under a prefix the rules see the keys without it; the drop rules see only the keys outside it
+    renamed = _renamed(rules, "checkpoint", ["model.up.0.w", "model.up.1.w", "unet.x"], {})
+    assert renamed == {"model.up.0.w": "blocks.1.w", "model.up.1.w": "blocks.0.w"}
+    with pytest.raises(MappingError, match=re.escape("'use' names 'downs', not a rule set (declared: ups)")):
+        _mapping(tmp_path, SHARED.replace("- use: ups\n    drop", "- use: downs\n    drop"))
+
+
+ALIASED = SHARED.replace("  ups:\n", "  ups: &shared\n").replace(
+    "    rules:\n      - use: ups\n  checkpoint:", "    rules: *shared\n  checkpoint:"
+)
+MERGED = SHARED.replace("    prefix: model.\n", "    prefix: model.\n    lookups:\n      <<: {level: {0: 1}}\n")
+
+
+@pytest.mark.parametrize(("text", "needle"), [(ALIASED, "a YAML alias"), (MERGED, "a YAML merge key")])
+def test_yaml_anchors_aliases_and_merge_keys_are_refused(tmp_path, text, needle):
+    assert text != SHARED
+    with pytest.raises(MappingError, match=r"toy\.yaml:\d+: " + re.escape(needle)):
+        _mapping(tmp_path, text)

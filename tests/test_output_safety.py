@@ -198,8 +198,9 @@ def test_a_full_disk_is_exit_6_with_one_line_and_nothing_left(wan_small, wan_sma
     drawn after the whole validation; converter.save is an API. Each: the output error, one line, nothing left."""
     command, size, filler = FULL_DISKS[case]
     command = command.format(src=wan_small[0], flax=wan_small_outputs["flax"])
-    if filler:  # room for the weights, none for the picture
-        command = f'head -c 300000 /dev/zero > "$DISK/filler" && {command}'
+    if filler:  # room for the weights and 64 KB more, none for the picture (230 KB)
+        weights = sum(f.stat().st_size for f in wan_small_outputs["torchax"].iterdir())
+        command = f'head -c {4 * 2**20 - weights - 2**16} /dev/zero > "$DISK/filler" && {command}'
     result = _on_a_small_disk(tmp_path, size, command)
     left = next(line for line in result.stdout.splitlines() if line.startswith("left:")).split()[1:]
     assert left == ([filler] if filler else []), result.stdout
@@ -212,3 +213,24 @@ def test_a_full_disk_is_exit_6_with_one_line_and_nothing_left(wan_small, wan_sma
     assert "Traceback" not in result.stderr and lines[-1].startswith("error: cannot write to"), result.stderr
     assert "No space left on device (the output needs about" in lines[-1]
     assert len([line for line in lines if not line.startswith(("dtype:", "converting", "validating"))]) == 1, lines
+
+
+def test_an_output_with_large_statistics_reads_back(tmp_path):
+    """Flux.2's BatchNorm has patch x latent channels: a large config's statistics go into the manifest as their
+    shape and digest (the values are in the weights), so `info` and `export` read the output the run wrote."""
+    import json
+
+    from converter.registry import FAMILIES
+    from tests.helpers import save_diffusers
+
+    flux2 = FAMILIES["flux2"]
+    config = dict(flux2.testing().small_configs["default-arch"], latent_channels=1024, patch_size=[8, 8])
+    save_diffusers(flux2, tmp_path / "vae", config)
+    out = tmp_path / "out"
+    run_cli("flux.2-dev", "--source", tmp_path / "vae", "--to", "torchax", "--out", out, "--no-validate")
+    recorded = manifest(out)["tensors"]["bn.running_mean"]
+    assert recorded["shape"] == [8 * 8 * 1024] and len(recorded["sha256"]) == 64
+    assert (out / "vae_convert.json").stat().st_size < 100_000
+    assert "flux2" in run_cli("info", out).stdout
+    run_cli("export", out, "--out", tmp_path / "back", "--no-validate")
+    assert json.loads((tmp_path / "back" / "config.json").read_text())["latent_channels"] == 1024

@@ -12,9 +12,11 @@ import pytest
 import torch
 
 import converter
+from converter.models.common.protocol import encoded
 from tests.helpers import (
     converted_by_cli,
     decode_inputs,
+    diffusers_decode,
     family_cases,
     family_params,
     input_shape,
@@ -26,16 +28,22 @@ from tests.helpers import (
 ATOL = 1e-4
 # Every family's small configs, each under the first model name of its variant: the cases come from the registry.
 CASES = family_cases(lambda testing: testing.small_configs)
+ENCODER_CASES = {key: case for key, case in CASES.items() if "encoder" in case[0].parts}
 
 
-@pytest.fixture(scope="module", params=family_params(CASES))
-def converted(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def converted(request, tmp_path_factory, default_arch):
     family, which, _ = CASES[request.param]
-    name, config = small(family, which)
-    reference, models = converted_by_cli(name, config, tmp_path_factory.mktemp(request.param))
+    if which == "default-arch":  # the session's conversion, which other modules read too
+        shared = default_arch(family)
+        reference, models = shared.reference, {t: converter.load(out) for t, out in shared.outputs.items()}
+    else:
+        name, config = small(family, which)
+        reference, models = converted_by_cli(name, config, tmp_path_factory.mktemp(request.param))
     return family, reference, {target: runner(target, model) for target, model in models.items()}
 
 
+@pytest.mark.parametrize("converted", family_params(CASES), indirect=True)
 def test_decode_matches_diffusers(converted):
     family, reference, runners = converted
     channels = family.validation_latent_shape(family.config_class.from_dict(dict(reference.config)))[1]
@@ -45,7 +53,7 @@ def test_decode_matches_diffusers(converted):
         seed = torch.Generator().manual_seed(frames)
         z = torch.randn(input_shape(family, 1, channels, frames, height, width), generator=seed)
         with torch.no_grad():
-            expected = reference.decode(z, **reference_inputs).sample.numpy()
+            expected = diffusers_decode(reference, z, **reference_inputs).numpy()
         if family.clamps_output:
             # the output must not sit in the [-1, 1] clamp, or the comparison would prove nothing
             assert (np.abs(expected) < 0.99).mean() > 0.9
@@ -55,17 +63,18 @@ def test_decode_matches_diffusers(converted):
             assert np.abs(got - expected).max() <= ATOL, (target, z.shape, np.abs(got - expected).max())
 
 
+@pytest.mark.parametrize("converted", family_params(ENCODER_CASES), indirect=True)
 def test_encode_matches_diffusers(converted):
     family, reference, runners = converted
-    channels = family.validation_video_shape(family.config_class.from_dict(dict(reference.config)))[1]
+    channels = family.validation_sample_shape(family.config_class.from_dict(dict(reference.config)))[1]
     testing = family.testing()
     for frames, (height, width) in itertools.product(testing.parity_frames[1], testing.parity_video_sizes):
         shape = input_shape(family, 1, channels, frames, height, width)
         x = torch.rand(shape, generator=torch.Generator().manual_seed(frames)) * 2 - 1
         with torch.no_grad():
-            dist = reference.encode(x).latent_dist
+            expected_outputs = [a.numpy() for a in encoded(reference.encode(x))]
         for target, drive in runners.items():
-            for got, expected in zip(drive.encode(x.numpy()), (dist.mean.numpy(), dist.logvar.numpy())):
+            for got, expected in zip(drive.encode(x.numpy()), expected_outputs, strict=True):
                 assert got.shape == expected.shape, (target, frames)
                 assert np.abs(got - expected).max() <= ATOL, (target, frames, np.abs(got - expected).max())
 

@@ -30,7 +30,7 @@ def test_picture_has_the_panels_and_the_report_max(converted):
     source, out = converted
     image = Image.open(out / "validation.png")
     config = WanVAEConfig.from_dict(WAN.testing().small_configs["default-arch"])
-    clip = validation_clip(WAN.validation_video_shape(config))  # (1, 3, 5, 64, 64)
+    clip = validation_clip(WAN.validation_sample_shape(config))  # (1, 3, 5, 64, 64)
     decoded_frames = 9  # the validation latent's 3 frames decode to 9
     layout = preview.Layout(len(preview.frame_indices(5)), len(preview.frame_indices(decoded_frames)))
     assert image.size == layout.size
@@ -99,3 +99,15 @@ def test_rgba_frames_are_shown_over_a_checkerboard():
     checkerboard = {tuple(rgb[0, 8]), tuple(rgb[8, 8])}
     assert checkerboard == {(204, 204, 204), (153, 153, 153)}
     assert (preview.to_rgb(frame[:3]) == rgb[0, 0]).all()  # RGB alone: the colour everywhere
+
+
+def test_frames_larger_than_a_tile_are_shrunk_to_fit_it():
+    """A test image of 256 pixels (6 levels, or Qwen-Image 2.1's 16x) is drawn in its tile, not over its
+    neighbours: frames are shrunk as small ones are enlarged."""
+    from PIL import Image
+
+    from converter import preview
+
+    for side, drawn in ((16, preview.TILE), (256, preview.TILE), (300, preview.TILE)):
+        assert max(preview._scaled(Image.new("RGB", (side, side // 2))).size) <= drawn
+    assert preview._scaled(Image.new("RGB", (256, 256))).size == (preview.TILE, preview.TILE)

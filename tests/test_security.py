@@ -16,6 +16,7 @@ import click
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 import converter
 from converter import cli, orbax_io, structure_cache, targets
@@ -458,3 +459,73 @@ def test_a_pickle_of_parameters_converts_as_its_tensors(wan_small, tmp_path):
     expected = load_file(wan_small[0] / "diffusion_pytorch_model.safetensors")
     got = load_file(out / "diffusion_pytorch_model.safetensors")
     assert got.keys() == expected.keys() and all(torch.equal(got[k], v) for k, v in expected.items())
+
+
+def _shapes_edit(case: str):
+    """Edits of a small AutoencoderKL or Flux.2 state_dict whose shapes say no config."""
+
+    def edit(state):
+        if case == "0-d kernel":
+            state["encoder.down_blocks.0.resnets.0.conv1.weight"] = torch.tensor(1.0)
+        elif case == "33 resnets":
+            state.update({f"encoder.down_blocks.0.resnets.{j}.conv1.weight": torch.zeros(1) for j in range(1, 34)})
+        elif case == "0-d statistics":
+            state["bn.running_mean"] = torch.tensor(0.5)
+        else:  # no latent channels
+            state["decoder.conv_in.weight"] = torch.zeros(state["decoder.conv_in.weight"].shape[0], 0, 3, 3)
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    ("model", "case"),
+    [("sd1.5", "0-d kernel"), ("sd1.5", "33 resnets"), ("flux.2-dev", "0-d statistics"), ("flux.2-dev", "no channels")],
+)
+def test_shapes_that_say_no_config_are_bad_input(tmp_path, model, case):
+    """A weights file alone has its config read from its shapes: shapes that say none are exit 3, whatever the
+    reading trips on (an index, a division, a search past a bound)."""
+    from tests.helpers import save_diffusers, small
+
+    family = MODELS[model].family
+    save_diffusers(family, tmp_path / "vae", small(family, "default-arch")[1])
+    state = load_file(tmp_path / "vae" / "diffusion_pytorch_model.safetensors")
+    _shapes_edit(case)(state)
+    save_file(state, tmp_path / "alone.safetensors")
+    out = tmp_path / "out"
+    fails([model, "--source", tmp_path / "alone.safetensors", "--to", "flax", "--out", out, "--no-validate"], 3,
+          out=out, in_process=True)  # fmt: skip
+
+
+def test_a_config_of_more_levels_than_any_vae_is_refused_before_anything_is_built(tmp_path):
+    """Thirteen one-channel levels: a 1 KB config whose validation image would be 32768 pixels a side."""
+    from tests.helpers import save_diffusers, small
+
+    family = MODELS["sd1.5"].family
+    save_diffusers(family, tmp_path / "vae", small(family, "default-arch")[1])
+    config = {
+        "_class_name": "AutoencoderKL", "block_out_channels": [1] * 13, "norm_num_groups": 1, "latent_channels": 1,
+        "down_block_types": ["DownEncoderBlock2D"] * 13, "up_block_types": ["UpDecoderBlock2D"] * 13,
+    }  # fmt: skip
+    (tmp_path / "vae" / "config.json").write_text(json.dumps(config))
+    out = tmp_path / "out"
+    fails(["sd1.5", "--source", tmp_path / "vae", "--to", "flax", "--out", out], 3, "at most 8 entries", out=out)
+
+
+@pytest.mark.parametrize(
+    ("count", "target", "needle"),
+    [(2**31, "flax", "beyond what int32 holds"), (-5, "torchax", "a negative value")],
+)
+def test_a_count_is_refused_for_its_real_reason(tmp_path, count, target, needle):
+    """A count of batches past int32 (JAX's, without x64) is whole but does not fit; a negative one counts nothing."""
+    from tests.helpers import edited_copy, save_diffusers, small
+
+    flux2 = MODELS["flux.2-dev"].family
+    save_diffusers(flux2, tmp_path / "vae", small(flux2, "default-arch")[1])
+
+    def edit(state):
+        state["bn.num_batches_tracked"] = torch.tensor(count, dtype=torch.int64)
+
+    source = edited_copy(tmp_path / "vae", tmp_path / "edited", edit)
+    out = tmp_path / "out"
+    fails(["flux.2-dev", "--source", source, "--to", target, "--out", out, "--no-validate"], 3, needle, out=out,
+          in_process=True)  # fmt: skip

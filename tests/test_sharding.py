@@ -88,7 +88,7 @@ def test_sharded_matches_unsharded(tmp_path, case):
     save_diffusers(family, tmp_path / "vae", config)
     run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
     # a short clip the encoder takes; 0 for an image model
-    frames = 0 if family.image else min(f for f in family.testing().parity_frames[1] if f > 1)
+    frames = 0 if not family.frame_axis else min(f for f in family.testing().parity_frames[1] if f > 1)
     report = report_on_8_devices(SCRIPT, tmp_path / "out", channels, frames, json.dumps(meshes))
     assert report["devices"] == 8
     assert "a batch of 1 does not split over the mesh's 'dp' axis of 2 devices" in report["batch_of_one"]

@@ -99,3 +99,27 @@ def test_newcomer_output_has_no_warnings_and_help_lists_the_models(tmp_path):
     result = run_cli("wan2.1", "--source", tmp_path / "vae-bf16", "--to", "torchax", "--out", tmp_path / "out")
     assert "Warning" not in result.stderr, result.stderr
     assert "wan2.1" in run_cli("--help").stdout
+
+
+def test_a_release_split_by_part_is_read_from_either_file_or_its_folder(tmp_path):
+    """Files `<stem>_encoder.*` and `<stem>_decoder.*` (TAESD's release) hold one part each, under keys that collide
+    (`0.weight` in both): each file's keys are read under its part's name, whichever file or the folder is named."""
+    from safetensors.torch import save_file
+
+    from converter.errors import InputError
+    from converter.registry import MODELS
+    from converter.sources import resolve
+
+    for part, value in (("encoder", 1.0), ("decoder", 2.0)):
+        save_file({"0.weight": torch.full((2,), value)}, tmp_path / f"tiny_{part}.safetensors")
+    entry = MODELS["sd1.5"]
+    for named in (tmp_path, tmp_path / "tiny_encoder.safetensors", tmp_path / "tiny_decoder.safetensors"):
+        weights = resolve(entry, str(named), None, offline=True).open_weights()
+        assert {k: float(weights[k][0]) for k in weights.specs} == {"encoder.0.weight": 1.0, "decoder.0.weight": 2.0}
+    (tmp_path / "tiny_decoder.safetensors").rename(tmp_path / "tiny_decoder.bak")
+    with pytest.raises(InputError, match="tiny_decoder.safetensors is missing beside it"):
+        resolve(entry, str(tmp_path / "tiny_encoder.safetensors"), None, offline=True)
+    for part in ("encoder", "decoder"):
+        save_file({"0.weight": torch.zeros(2)}, tmp_path / f"other_{part}.safetensors")
+    with pytest.raises(InputError, match=r"several releases split by part \(other, tiny\)"):
+        resolve(entry, str(tmp_path), None, offline=True)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from converter.models.common.protocol import encoded
 from tests.helpers import (
     compiled_steps,
     converted_by_cli,
@@ -84,12 +85,11 @@ def test_tiled_decode_matches_diffusers_and_compiles_each_tile_shape_once(conver
 
 def test_tiled_encode_matches_diffusers(converted):
     family, case, reference, models = converted
-    channels = family.validation_video_shape(family.config_class.from_dict(dict(reference.config)))[1]
+    channels = family.validation_sample_shape(family.config_class.from_dict(dict(reference.config)))[1]
     x = torch.rand(1, channels, *case.video, generator=torch.Generator().manual_seed(1)) * 2 - 1
 
     def encode(vae):
-        dist = vae.encode(x).latent_dist
-        return dist.mean.numpy(), dist.logvar.numpy()
+        return [a.numpy() for a in encoded(vae.encode(x))]
 
     expected = _diffusers(reference, case.tiling, encode)
     untiled = _diffusers(reference, None, encode)

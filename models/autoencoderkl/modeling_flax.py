@@ -2,8 +2,9 @@
 channels-last: images are (B, H, W, C), latents (B, H/8, W/8, latent_channels) at the published widths.
 
 Read it beside diffusers' `autoencoder_kl.py`, `vae.py` (Encoder, Decoder) and the 2-D blocks it builds from
-(`DownEncoderBlock2D`, `UpDecoderBlock2D`, `UNetMidBlock2D`, `ResnetBlock2D`, `Downsample2D`, `Upsample2D`): modules
-carry the same names (nnx's `kernel`/`scale` where PyTorch says `weight`). An image has no time axis and no cache:
+(`DownEncoderBlock2D`, `UpDecoderBlock2D`, `UNetMidBlock2D`, `ResnetBlock2D`: models/common/blocks_flax.py, which
+HunyuanVideo's VAE builds from too, with its own convolution; `Downsample2D`, `Upsample2D` here): modules carry the
+same names (nnx's `kernel`/`scale` where PyTorch says `weight`). An image has no time axis and no cache:
 each part runs in one step (models/common/steps_flax.py), tile by tile when tiling is on. The mid-block attention is
 computed in blocks with a running softmax, so its (H*W)^2 score matrix is never held whole.
 Kernels start at zero, not random: the model exists to be filled from a checkpoint.
@@ -15,14 +16,13 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..common.blocks_flax import EPS, DownBlock, MidBlock, UpBlock
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
-from ..common.layers_flax import Attention, BatchNorm2d, GroupNorm
+from ..common.layers_flax import BatchNorm2d, GroupNorm
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, AutoencoderKLTiling
-
-EPS = 1e-6  # every GroupNorm's, as diffusers' Encoder and Decoder build them
 
 
 def conv2d(in_channels, out_channels, kernel_size, *, strides=1, padding=None, rngs, param_dtype):
@@ -64,71 +64,6 @@ class Upsample2D(nnx.Module):
         return self.conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
 
 
-class ResnetBlock2D(nnx.Module):
-    def __init__(self, in_channels, out_channels, groups, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.norm1 = GroupNorm(groups, in_channels, EPS, param_dtype=param_dtype)
-        self.conv1 = conv2d(in_channels, out_channels, 3, **kw)
-        self.norm2 = GroupNorm(groups, out_channels, EPS, param_dtype=param_dtype)
-        self.conv2 = conv2d(out_channels, out_channels, 3, **kw)
-        self.conv_shortcut = conv2d(in_channels, out_channels, 1, **kw) if in_channels != out_channels else None
-
-    def __call__(self, x):
-        h = self.conv1(jax.nn.silu(self.norm1(x)))
-        h = self.conv2(jax.nn.silu(self.norm2(h)))
-        return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
-
-
-class UNetMidBlock2D(nnx.Module):
-    def __init__(self, channels, groups, add_attention, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = nnx.List([ResnetBlock2D(channels, channels, groups, **kw) for _ in range(2)])
-        self.attentions = nnx.List([Attention(channels, groups, **kw) if add_attention else None])
-
-    def __call__(self, x):
-        x = self.resnets[0](x)
-        for attention, resnet in zip(self.attentions, self.resnets[1:]):
-            if attention is not None:
-                x = attention(x)
-            x = resnet(x)
-        return x
-
-
-def _resnets(in_channels, out_channels, num_layers, groups, **kw):
-    """A block's resnets: the first changes the width, the others keep it."""
-    return nnx.List(
-        [ResnetBlock2D(in_channels if i == 0 else out_channels, out_channels, groups, **kw) for i in range(num_layers)]
-    )
-
-
-class DownEncoderBlock2D(nnx.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, add_downsample, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = _resnets(in_channels, out_channels, num_layers, groups, **kw)
-        self.downsamplers = nnx.List([Downsample2D(out_channels, **kw)]) if add_downsample else None
-
-    def __call__(self, x):
-        for resnet in self.resnets:
-            x = resnet(x)
-        for downsampler in self.downsamplers or ():
-            x = downsampler(x)
-        return x
-
-
-class UpDecoderBlock2D(nnx.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, add_upsample, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = _resnets(in_channels, out_channels, num_layers, groups, **kw)
-        self.upsamplers = nnx.List([Upsample2D(out_channels, **kw)]) if add_upsample else None
-
-    def __call__(self, x):
-        for resnet in self.resnets:
-            x = resnet(x)
-        for upsampler in self.upsamplers or ():
-            x = upsampler(x)
-        return x
-
-
 class Encoder(nnx.Module):
     def __init__(self, config: AutoencoderKLConfig, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
@@ -136,13 +71,19 @@ class Encoder(nnx.Module):
         self.conv_in = conv2d(config.in_channels, channels[0], 3, **kw)
         self.down_blocks = nnx.List(
             [
-                DownEncoderBlock2D(
-                    channels[max(i - 1, 0)], channels[i], config.layers_per_block, groups, i < levels - 1, **kw
-                )
+                DownBlock(
+                    channels[max(i - 1, 0)],
+                    channels[i],
+                    config.layers_per_block,
+                    groups,
+                    conv2d,
+                    Downsample2D(channels[i], **kw) if i < levels - 1 else None,
+                    **kw,
+                )  # fmt: skip
                 for i in range(levels)
             ]
         )
-        self.mid_block = UNetMidBlock2D(channels[-1], groups, config.mid_block_add_attention, **kw)
+        self.mid_block = MidBlock(channels[-1], groups, config.mid_block_add_attention, conv2d, **kw)
         self.conv_norm_out = GroupNorm(groups, channels[-1], EPS, param_dtype=param_dtype)
         self.conv_out = conv2d(channels[-1], 2 * config.latent_channels, 3, **kw)
 
@@ -161,17 +102,18 @@ class Decoder(nnx.Module):
         groups = config.norm_num_groups
         channels = list(reversed(config.decoder_widths))
         self.conv_in = conv2d(config.latent_channels, channels[0], 3, **kw)
-        self.mid_block = UNetMidBlock2D(channels[0], groups, config.mid_block_add_attention, **kw)
+        self.mid_block = MidBlock(channels[0], groups, config.mid_block_add_attention, conv2d, **kw)
         self.up_blocks = nnx.List(
             [
-                UpDecoderBlock2D(
+                UpBlock(
                     channels[max(i - 1, 0)],
                     channels[i],
                     config.layers_per_block + 1,
                     groups,
-                    i < len(channels) - 1,
+                    conv2d,
+                    Upsample2D(channels[i], **kw) if i < len(channels) - 1 else None,
                     **kw,
-                )
+                )  # fmt: skip
                 for i in range(len(channels))
             ]
         )
@@ -201,7 +143,7 @@ class AutoencoderKL(TilingMixin, nnx.Module):
     def encode(self, x, *, mesh=None):
         """(B, H, W, C) images in [-1, 1] -> (mean, logvar), each (B, ceil(H/r), ceil(W/r), latent_channels), r the
         config's spatial ratio (any size, as diffusers: each downsampler pads odd sizes at the bottom and right)."""
-        expect_image(x, self.config.in_channels, channels_last=True, what="encode")
+        expect_image(x, self.config.in_channels, channels_last=True, what="encode", minimum=self.config.spatial_ratio)
         mean, logvar = jnp.split(run_image(self, "encoder", x, mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 

@@ -13,13 +13,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..common.blocks_torch import EPS, DownBlock, MidBlock, UpBlock
 from ..common.inputs import expect_image
-from ..common.layers_torch import Attention, GroupNorm
+from ..common.layers_torch import GroupNorm
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, AutoencoderKLTiling
-
-EPS = 1e-6  # every GroupNorm's, as diffusers' Encoder and Decoder build them
 
 
 class Downsample2D(nn.Module):
@@ -44,85 +43,30 @@ class Upsample2D(nn.Module):
         return self.conv(x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3))
 
 
-class ResnetBlock2D(nn.Module):
-    def __init__(self, in_channels, out_channels, groups):
-        super().__init__()
-        self.norm1 = GroupNorm(groups, in_channels, eps=EPS)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2 = GroupNorm(groups, out_channels, eps=EPS)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        self.conv_shortcut = nn.Conv2d(in_channels, out_channels, 1) if in_channels != out_channels else None
-
-    def forward(self, x):
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
-        return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
-
-
-class UNetMidBlock2D(nn.Module):
-    def __init__(self, channels, groups, add_attention):
-        super().__init__()
-        self.resnets = nn.ModuleList([ResnetBlock2D(channels, channels, groups) for _ in range(2)])
-        self.attentions = nn.ModuleList([Attention(channels, groups)]) if add_attention else [None]
-
-    def forward(self, x):
-        x = self.resnets[0](x)
-        for attention, resnet in zip(self.attentions, self.resnets[1:]):
-            if attention is not None:
-                x = attention(x)
-            x = resnet(x)
-        return x
-
-
-def _resnets(in_channels, out_channels, num_layers, groups):
-    """A block's resnets: the first changes the width, the others keep it."""
-    return nn.ModuleList(
-        [ResnetBlock2D(in_channels if i == 0 else out_channels, out_channels, groups) for i in range(num_layers)]
-    )
-
-
-class DownEncoderBlock2D(nn.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, add_downsample):
-        super().__init__()
-        self.resnets = _resnets(in_channels, out_channels, num_layers, groups)
-        self.downsamplers = nn.ModuleList([Downsample2D(out_channels)]) if add_downsample else None
-
-    def forward(self, x):
-        for resnet in self.resnets:
-            x = resnet(x)
-        for downsampler in self.downsamplers or ():
-            x = downsampler(x)
-        return x
-
-
-class UpDecoderBlock2D(nn.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, add_upsample):
-        super().__init__()
-        self.resnets = _resnets(in_channels, out_channels, num_layers, groups)
-        self.upsamplers = nn.ModuleList([Upsample2D(out_channels)]) if add_upsample else None
-
-    def forward(self, x):
-        for resnet in self.resnets:
-            x = resnet(x)
-        for upsampler in self.upsamplers or ():
-            x = upsampler(x)
-        return x
+def conv2d(in_channels, out_channels, kernel_size):
+    """diffusers' nn.Conv2d with `kernel_size // 2` zeros around."""
+    return nn.Conv2d(in_channels, out_channels, kernel_size, padding=kernel_size // 2)
 
 
 class Encoder(nn.Module):
     def __init__(self, config: AutoencoderKLConfig):
         super().__init__()
         channels, groups, levels = config.block_out_channels, config.norm_num_groups, len(config.block_out_channels)
-        self.conv_in = nn.Conv2d(config.in_channels, channels[0], 3, padding=1)
+        self.conv_in = conv2d(config.in_channels, channels[0], 3)
         self.down_blocks = nn.ModuleList(
             [
-                DownEncoderBlock2D(
-                    channels[max(i - 1, 0)], channels[i], config.layers_per_block, groups, i < levels - 1
-                )
+                DownBlock(
+                    channels[max(i - 1, 0)],
+                    channels[i],
+                    config.layers_per_block,
+                    groups,
+                    conv2d,
+                    Downsample2D(channels[i]) if i < levels - 1 else None,
+                )  # fmt: skip
                 for i in range(levels)
             ]
         )
-        self.mid_block = UNetMidBlock2D(channels[-1], groups, config.mid_block_add_attention)
+        self.mid_block = MidBlock(channels[-1], groups, config.mid_block_add_attention, conv2d)
         self.conv_norm_out = GroupNorm(groups, channels[-1], eps=EPS)
         self.conv_out = nn.Conv2d(channels[-1], 2 * config.latent_channels, 3, padding=1)
 
@@ -140,13 +84,18 @@ class Decoder(nn.Module):
         super().__init__()
         groups = config.norm_num_groups
         channels = list(reversed(config.decoder_widths))
-        self.conv_in = nn.Conv2d(config.latent_channels, channels[0], 3, padding=1)
-        self.mid_block = UNetMidBlock2D(channels[0], groups, config.mid_block_add_attention)
+        self.conv_in = conv2d(config.latent_channels, channels[0], 3)
+        self.mid_block = MidBlock(channels[0], groups, config.mid_block_add_attention, conv2d)
         self.up_blocks = nn.ModuleList(
             [
-                UpDecoderBlock2D(
-                    channels[max(i - 1, 0)], channels[i], config.layers_per_block + 1, groups, i < len(channels) - 1
-                )
+                UpBlock(
+                    channels[max(i - 1, 0)],
+                    channels[i],
+                    config.layers_per_block + 1,
+                    groups,
+                    conv2d,
+                    Upsample2D(channels[i]) if i < len(channels) - 1 else None,
+                )  # fmt: skip
                 for i in range(len(channels))
             ]
         )
@@ -175,7 +124,7 @@ class AutoencoderKL(ChunkedAutoencoder):
 
     def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, H, W) images; `step` runs the encoder (see ChunkedAutoencoder.run_image)."""
-        expect_image(x, self.config.in_channels, channels_last=False, what="encode")
+        expect_image(x, self.config.in_channels, channels_last=False, what="encode", minimum=self.config.spatial_ratio)
         return EncoderOutput(DiagonalGaussianDistribution(self.run_image("encoder", x, step)))
 
     def decode(self, z: torch.Tensor, *, step=None) -> DecoderOutput:

@@ -25,12 +25,12 @@ FLUX1_CONFIG = dict(_SD3_LAYOUT, scaling_factor=0.3611, shift_factor=0.1159)
 FLUX2_CONFIG = dict(_LEVELS, sample_size=1024, latent_channels=32)
 FLUX2_SMALL_DECODER_CONFIG = dict(FLUX2_CONFIG, decoder_block_out_channels=[96, 192, 384, 384])
 
-# an image model: its validation decodes one 8x8 latent and encodes one image to a latent of that size
+# images (B, C, H, W), no frame axis: validation decodes one 8x8 latent and encodes one image to a latent of that size
 _IMAGE = dict(
     validation_latent_shape=lambda c: (1, c.latent_channels, 8, 8),
-    validation_video_shape=lambda c: (1, c.in_channels, 8 * c.spatial_ratio, 8 * c.spatial_ratio),
-    native_video=(1, 1024, 1024),
-    image=True,
+    validation_sample_shape=lambda c: (1, c.in_channels, 8 * c.spatial_ratio, 8 * c.spatial_ratio),
+    native_size=(1024, 1024),
+    frame_axis=False,
 )
 
 AUTOENCODERKL = FamilySpec(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from ..common.config import LAYERS, PIXELS, STRIDE, WIDTH, ConfigError, DiffusersConfig
+from ..common.config import LAYERS, PIXELS, STRIDE, WIDTH, ConfigError, DiffusersConfig, Level
 from ..common.tiling import TilePlan
 
 
@@ -69,6 +69,22 @@ class CogVideoXVAEConfig(DiffusersConfig):
     @property
     def temporal_compress_level(self) -> int:
         return int(math.log2(self.temporal_compression_ratio))
+
+    def down_levels(self) -> list[Level]:
+        """The encoder's levels; the first `temporal_compress_level` downsamplers also halve time."""
+        widths = self.block_out_channels
+        return [
+            Level(widths[max(i - 1, 0)], widths[i], i != len(widths) - 1, i < self.temporal_compress_level)
+            for i in range(len(widths))
+        ]
+
+    def up_levels(self) -> list[Level]:
+        """The decoder's levels, from the widest; the first `temporal_compress_level` upsamplers also double time."""
+        widths = self.block_out_channels[::-1]
+        return [
+            Level(widths[max(i - 1, 0)], widths[i], i != len(widths) - 1, i < self.temporal_compress_level)
+            for i in range(len(widths))
+        ]
 
 
 def frame_batches(num_frames: int, batch: int) -> list[tuple[int, int]]:

@@ -252,22 +252,21 @@ class CogVideoXEncoder3D(nnx.Module):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         channels, groups, eps = config.block_out_channels, config.norm_num_groups, config.norm_eps
         self.conv_in = CogVideoXCausalConv3d(config.in_channels, channels[0], 3, **kw)
-        down_blocks, output_channel = [], channels[0]
-        for i in range(len(config.down_block_types)):
-            input_channel, output_channel = output_channel, channels[i]
-            down_blocks.append(
+        self.down_blocks = nnx.List(
+            [
                 CogVideoXDownBlock3D(
-                    input_channel,
-                    output_channel,
+                    level.in_channels,
+                    level.out_channels,
                     config.layers_per_block,
                     groups,
                     eps,
-                    add_downsample=i != len(channels) - 1,
-                    compress_time=i < config.temporal_compress_level,
+                    add_downsample=level.resample,
+                    compress_time=level.temporal,
                     **kw,
-                )
-            )
-        self.down_blocks = nnx.List(down_blocks)
+                )  # fmt: skip
+                for level in config.down_levels()
+            ]
+        )
         self.mid_block = CogVideoXMidBlock3D(channels[-1], 2, groups, eps, **kw)
         self.norm_out = GroupNorm(groups, channels[-1], 1e-6, param_dtype=param_dtype)
         self.conv_out = CogVideoXCausalConv3d(channels[-1], 2 * config.latent_channels, 3, **kw)
@@ -289,23 +288,22 @@ class CogVideoXDecoder3D(nnx.Module):
         groups, eps, z = config.norm_num_groups, config.norm_eps, config.latent_channels
         self.conv_in = CogVideoXCausalConv3d(z, channels[0], 3, **kw)
         self.mid_block = CogVideoXMidBlock3D(channels[0], 2, groups, eps, spatial_norm_dim=z, **kw)
-        up_blocks, output_channel = [], channels[0]
-        for i in range(len(config.up_block_types)):
-            prev_output_channel, output_channel = output_channel, channels[i]
-            up_blocks.append(
+        self.up_blocks = nnx.List(
+            [
                 CogVideoXUpBlock3D(
-                    prev_output_channel,
-                    output_channel,
+                    level.in_channels,
+                    level.out_channels,
                     config.layers_per_block + 1,
                     groups,
                     eps,
                     z,
-                    add_upsample=i != len(channels) - 1,
-                    compress_time=i < config.temporal_compress_level,
+                    add_upsample=level.resample,
+                    compress_time=level.temporal,
                     **kw,
-                )
-            )
-        self.up_blocks = nnx.List(up_blocks)
+                )  # fmt: skip
+                for level in config.up_levels()
+            ]
+        )
         self.norm_out = CogVideoXSpatialNorm3D(channels[-1], z, groups, **kw)
         self.conv_out = CogVideoXCausalConv3d(channels[-1], config.out_channels, 3, **kw)
 

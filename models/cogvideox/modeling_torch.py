@@ -221,21 +221,20 @@ class CogVideoXEncoder3D(nn.Module):
         super().__init__()
         channels, groups, eps = config.block_out_channels, config.norm_num_groups, config.norm_eps
         self.conv_in = CogVideoXCausalConv3d(config.in_channels, channels[0], kernel_size=3)
-        self.down_blocks = nn.ModuleList()
-        output_channel = channels[0]
-        for i in range(len(config.down_block_types)):
-            input_channel, output_channel = output_channel, channels[i]
-            self.down_blocks.append(
+        self.down_blocks = nn.ModuleList(
+            [
                 CogVideoXDownBlock3D(
-                    input_channel,
-                    output_channel,
+                    level.in_channels,
+                    level.out_channels,
                     config.layers_per_block,
                     groups,
                     eps,
-                    add_downsample=i != len(channels) - 1,
-                    compress_time=i < config.temporal_compress_level,
-                )
-            )
+                    add_downsample=level.resample,
+                    compress_time=level.temporal,
+                )  # fmt: skip
+                for level in config.down_levels()
+            ]
+        )
         self.mid_block = CogVideoXMidBlock3D(channels[-1], 2, groups, eps)
         self.norm_out = GroupNorm(groups, channels[-1], eps=1e-6)
         self.conv_out = CogVideoXCausalConv3d(channels[-1], 2 * config.latent_channels, kernel_size=3)
@@ -257,22 +256,21 @@ class CogVideoXDecoder3D(nn.Module):
         groups, eps, z = config.norm_num_groups, config.norm_eps, config.latent_channels
         self.conv_in = CogVideoXCausalConv3d(z, channels[0], kernel_size=3)
         self.mid_block = CogVideoXMidBlock3D(channels[0], 2, groups, eps, spatial_norm_dim=z)
-        self.up_blocks = nn.ModuleList()
-        output_channel = channels[0]
-        for i in range(len(config.up_block_types)):
-            prev_output_channel, output_channel = output_channel, channels[i]
-            self.up_blocks.append(
+        self.up_blocks = nn.ModuleList(
+            [
                 CogVideoXUpBlock3D(
-                    prev_output_channel,
-                    output_channel,
+                    level.in_channels,
+                    level.out_channels,
                     config.layers_per_block + 1,
                     groups,
                     eps,
                     z,
-                    add_upsample=i != len(channels) - 1,
-                    compress_time=i < config.temporal_compress_level,
-                )
-            )
+                    add_upsample=level.resample,
+                    compress_time=level.temporal,
+                )  # fmt: skip
+                for level in config.up_levels()
+            ]
+        )
         self.norm_out = CogVideoXSpatialNorm3D(channels[-1], z, groups=groups)
         self.conv_out = CogVideoXCausalConv3d(channels[-1], config.out_channels, kernel_size=3)
 

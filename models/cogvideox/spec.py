@@ -23,5 +23,5 @@ COGVIDEOX = FamilySpec(
     ),
     # 3 latent frames: one batch with an odd count (the first frame's own path in spatial norms and upsampling)
     validation_latent_shape=lambda c: (1, c.latent_channels, 3, 8, 8),
-    validation_video_shape=lambda c: (1, c.in_channels, 9, 64, 64),
+    validation_sample_shape=lambda c: (1, c.in_channels, 9, 64, 64),
 )

@@ -30,8 +30,22 @@ MULTIPLIER = Bound(64, "a width multiplier; released VAEs use up to 8")
 LAYERS = Bound(32, "a layer count; released VAEs have up to 6 per level")
 STRIDE = Bound(64, "a patch size or compression ratio; released VAEs use up to 32")
 PIXELS = Bound(65536, "a size in pixels")
-LEVELS = 16  # entries of a per-level list: released VAEs have up to 5 levels
+# entries of a per-level list: released VAEs have up to 5 (4 levels and the mid block, LTX's); validation inputs and
+# every activation grow as 2 ** levels, so a few more is the bound, not a list's length as such
+LEVELS = 8
 MAX_PARAMETERS = 8 * 10**9  # the largest released VAE has 1.3 G; 8 G in fp32 is 32 GB, as much as a host converts
+
+
+@dataclasses.dataclass(frozen=True)
+class Level:
+    """One level of an encoder or decoder, as diffusers' constructors plan it, so that a family's two implementations
+    build the same levels from one plan (its config's `down_levels()` and `up_levels()`)."""
+
+    in_channels: int
+    out_channels: int
+    resample: bool  # the level ends in a down- or upsampler (every level but the last)
+    temporal: bool  # that sampler also resamples time
+    attention: bool = False  # attention after each of the level's resnets
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +81,7 @@ class DiffusersConfig:
             problem = _type_problem(raw[name], hints[name], cls.bounds.get(name))
             if problem:
                 raise ConfigError(f"config.json: {name} is {shown(raw[name])}, {problem}")
-        config = cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in raw.items() if k in known})
+        config = cls(**{k: _frozen(v) for k, v in raw.items() if k in known})
         config.ensure_supported()
         return config
 
@@ -91,6 +105,11 @@ class DiffusersConfig:
             value = getattr(self, f.name)
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
+
+
+def _frozen(value):
+    """JSON lists as tuples, nested ones too: a config is hashable and compares by value."""
+    return tuple(map(_frozen, value)) if isinstance(value, list) else value
 
 
 def _type_problem(value, hint, bound: Bound | None) -> str | None:

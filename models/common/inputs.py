@@ -21,13 +21,29 @@ def expect_video(x, channels: int, *, channels_last: bool, what: str, multiple: 
         raise ValueError(f"{what}: height and width must be positive multiples of {multiple}; got {h}x{w}")
 
 
-def expect_image(x, channels: int, *, channels_last: bool, what: str):
-    """x must be (B, H, W, C) (channels_last) or (B, C, H, W), with `channels` channels and at least one pixel."""
+def expect_image(x, channels: int, *, channels_last: bool, what: str, minimum: int = 1):
+    """x must be (B, H, W, C) (channels_last) or (B, C, H, W), with `channels` channels and sides of at least
+    `minimum` pixels (what the model's downsamplers need)."""
     layout = "(B, H, W, C), channels-last" if channels_last else "(B, C, H, W), channels-first"
     if x.ndim != 4:
         raise ValueError(f"{what}: expected a 4-d array {layout} (an image model); got shape {tuple(x.shape)}")
     b, h, w, c = x.shape if channels_last else (x.shape[0], *x.shape[2:], x.shape[1])
     if c != channels:
         raise ValueError(f"{what}: expected {channels} channels in {layout}; got shape {tuple(x.shape)}")
-    if min(b, h, w) < 1:
-        raise ValueError(f"{what}: needs at least one image of at least one pixel; got shape {tuple(x.shape)}")
+    if b < 1 or min(h, w) < minimum:
+        raise ValueError(
+            f"{what}: needs at least one image of at least {minimum}x{minimum} pixels; got shape {tuple(x.shape)}"
+        )
+
+
+def expect_spectrogram(x, flattened: int, *, channels_last: bool, what: str):
+    """x must be (B, T, mel bins, C) (channels_last) or (B, C, T, mel bins): a spectrogram whose channels and mel
+    bins together are the `flattened` channels a vocoder takes, of at least one frame."""
+    layout = "(B, T, mel bins, C), channels-last" if channels_last else "(B, C, T, mel bins), channels-first"
+    if x.ndim != 4:
+        raise ValueError(f"{what}: expected a 4-d spectrogram {layout}; got shape {tuple(x.shape)}")
+    b, t, bins, c = x.shape if channels_last else (x.shape[0], *x.shape[2:], x.shape[1])
+    if c * bins != flattened:
+        raise ValueError(f"{what}: expected C x mel bins = {flattened} in {layout}; got shape {tuple(x.shape)}")
+    if b < 1 or t < 1:
+        raise ValueError(f"{what}: needs at least one spectrogram of one frame; got shape {tuple(x.shape)}")

@@ -25,6 +25,32 @@ def _edge(x, axis, index, copies):
     return edge.expand(*x.shape[:axis], copies, *x.shape[axis + 1 :])
 
 
+ATTENTION_BLOCK = 1024  # queries a step of the frame-causal attention scores at once (as models/common/attention.py)
+
+
+@torch.library.custom_op("vae_convert::frame_causal_attention", mutates_args=())
+def frame_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, frames: int) -> torch.Tensor:
+    """softmax(q k^T / sqrt(C)) v of (B, N, C) tokens that are `frames` frames in order, a token seeing those of its
+    own and earlier frames (HunyuanVideo's mask, from frame indices): queries in blocks, each against the keys it
+    may see, so memory grows with N, never N x N. The torchax runtime lowers it to the Flax models' blocked
+    attention (converter/torchax_runtime.py)."""
+    n, per = q.shape[1], q.shape[1] // frames
+    out = torch.empty_like(q)
+    for start in range(0, n, ATTENTION_BLOCK):
+        stop = min(start + ATTENTION_BLOCK, n)
+        seen = ((stop - 1) // per + 1) * per  # up to the end of the last query's frame
+        scores = q[:, start:stop] @ k[:, :seen].transpose(1, 2) / q.shape[-1] ** 0.5
+        query_frame = torch.arange(start, stop, device=q.device)[:, None] // per
+        scores = scores.masked_fill(torch.arange(seen, device=q.device)[None, :] // per > query_frame, -torch.inf)
+        out[:, start:stop] = scores.softmax(-1) @ v[:, :seen]
+    return out
+
+
+@frame_causal_attention.register_fake
+def _(q, k, v, frames):
+    return torch.empty_like(q)
+
+
 class GroupNorm(nn.GroupNorm):
     """nn.GroupNorm (same parameters), computed in float32 whatever the input dtype. Under torchax, the runtime
     lowers it as one JAX function (converter/torchax_runtime.py)."""
@@ -36,7 +62,7 @@ class GroupNorm(nn.GroupNorm):
 class Attention(nn.Module):
     """diffusers' Attention as the VAEs' mid blocks configure it: GroupNorm first, one head as wide as the channels,
     the input added back. Over an image's pixels (B, C, H, W), or a clip's (B, C, T, H, W) where a token sees its own
-    and earlier frames (HunyuanVideo's mask, built from frame indices); softmax in float32."""
+    and earlier frames (HunyuanVideo's mask, from frame indices, never a whole N x N matrix); softmax in float32."""
 
     def __init__(self, channels, groups):
         super().__init__()
@@ -50,10 +76,9 @@ class Attention(nn.Module):
         channels_last = (x.shape[0], *x.shape[2:], x.shape[1])
         tokens = self.group_norm(x).movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
         frames = x.shape[2] if x.ndim == 5 else 1
-        sees = None  # one frame: every token sees every other (no mask, so the torchax runtime computes it in blocks)
+        q, k, v = (proj(tokens).float() for proj in (self.to_q, self.to_k, self.to_v))
         if frames > 1:
-            frame = torch.arange(frames, device=x.device).repeat_interleave(tokens.shape[1] // frames)
-            sees = frame[None, :] <= frame[:, None]  # (query, key)
-        q, k, v = (proj(tokens).unsqueeze(1) for proj in (self.to_q, self.to_k, self.to_v))
-        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=sees).to(x.dtype)
-        return self.to_out[0](out.squeeze(1)).reshape(channels_last).movedim(-1, 1) + x
+            out = frame_causal_attention(q, k, v, frames)
+        else:  # one frame: every token sees every other (no mask, so the torchax runtime computes it in blocks)
+            out = F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1)).squeeze(1)
+        return self.to_out[0](out.to(x.dtype)).reshape(channels_last).movedim(-1, 1) + x

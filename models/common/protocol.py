@@ -1,23 +1,60 @@
-"""What a family provides, written once. A family folder (models/<family>/) holds:
+"""The contract every family's models keep, written once: what a family provides, what its models take and give,
+what the converter asks of each kind of model, and where one family may plug into another's code.
 
-  config.py          a `DiffusersConfig` subclass: diffusers' `__init__` arguments as typed fields, `class_name`,
-                     `variant` and `latent_scaling` (models/common/config.py)
-  modeling_flax.py   the Flax NNX model, `FlaxVAE` below; parameter names as diffusers' state_dict keys
-  modeling_torch.py  the PyTorch model for torchax, `TorchVAE` below (a `ChunkedAutoencoder`); diffusers' names
-                     and layouts, so its state_dict is diffusers' checkpoint
+A family is a folder (models/<family>/) holding
+  config.py          a `DiffusersConfig` subclass: diffusers' `__init__` arguments as typed, bounded fields,
+                     `class_name`, `variant` and `latent_scaling` (models/common/config.py); its tiling settings
+  modeling_flax.py   the Flax NNX model, `FlaxVAE` below; parameter paths as diffusers' state_dict keys
+  modeling_torch.py  the PyTorch model for torchax, `TorchVAE` below (a `ChunkedAutoencoder`); diffusers' names and
+                     layouts, so its state_dict is diffusers' checkpoint
+  spec.py            its `FamilySpec` (models/common/spec.py): names, Hub repos, the kind of sample, validation shapes
   testing.py         its test data (models/common/testing.py)
-  spec.py            its `FamilySpec` (models/common/spec.py): names, Hub repos, validation shapes
+and mappings/<family>.yaml (or a mapping file it shares with the classes of its architecture), tests/test_<folder>.py,
+its data files named in tests/data/README.md, and its entry in converter/registry.py (an import and a place in
+`FAMILY_SPECS`). Nothing in converter/ names a family.
 
-and mappings/<family>.yaml, tests/test_<family>.py and one line in converter/registry.py. Both models run a video as
-chunks of frames through one step per chunk shape, the causal cache passed in and returned explicitly
-(models/common/steps_flax.py, steps_torch.py); tiling comes from `TilingMixin` with the family's settings class.
-Extra decode inputs (a timestep, for instance) are keyword arguments named as diffusers names them, taken by
-`decode` and handed by the chunk runners to the decoder of every chunk and tile."""
+Samples and ranks. A model takes the rank diffusers' class takes, channels-first in PyTorch, and the same array with
+its channel axis (axis 1) moved last in Flax: a video (B, C, T, H, W) is (B, T, H, W, C); an image (B, C, H, W) is
+(B, H, W, C); an image class that takes a frame axis of one (Qwen-Image's (B, C, 1, H, W)) keeps it. The spec says
+which (`frame_axis`). Latents follow the same rule. Generic code (runners, validation, tiling, meshes, the picture)
+moves axes by rank and never asks which kind it holds. Every model checks its inputs' rank, channels and frames
+(models/common/inputs.py) and says what it expected in one ValueError.
+
+Parts. A model declares its parts (`FamilySpec.parts`): an autoencoder's encoder and decoder, or a decoder alone (a
+vocoder). Each part is a `Part`: (x, cache, **inputs) -> (x, cache), one chunk of frames with the cache the previous
+chunk returned (None first; an image or any part without history returns None), plus the 1x1 quant convs around the
+latent (`quant_conv`, `post_quant_conv`, either None). `encode` gives what diffusers' encode output holds
+(`FamilySpec.encode_outputs`, `encoded` below): its latent distribution's (mean, logvar), or a deterministic encoder's
+latents. Validation, tiling, meshes, the benchmark and `info` ask only for the parts a model has.
+
+Running. The chunk runners (models/common/steps_flax.py, steps_torch.py) run a part as chunks of frames, one compiled
+step per chunk shape with the causal cache passed in and out explicitly (`run_chunks`, `run_clip`), or whole in one
+step (`run_image`: a sample without a frame axis). Extra decode inputs (a timestep, noise maps) are keyword arguments
+named as diffusers names them, taken by `decode` and handed to the decoder of every chunk and tile.
+
+Tiling. `enable_tiling(**settings)` / `disable_tiling()` with diffusers' keywords (`TilingMixin`, models/common/
+tiling.py): the model's `tiling_class` is its settings dataclass, whose `plans(config)` gives each part's `TilePlan`
+(and, for framewise tiling, `frame_tiles`); `tile_plan(part)` is None until tiling is enabled. A plan cuts, runs and
+joins the tiles (`TilePlan.run`): a family whose diffusers class joins its tiles otherwise subclasses TilePlan.
+
+Meshes. Given a ("dp", "tp") mesh, the Flax runners split the batch over "dp" and the width (the axis before the
+channels) over "tp"; convolutions exchange their halos (models/common/conv.py). Any rank with a width works.
+
+Validation. The spec's `validation_latent_shape` and `validation_sample_shape` give inputs of the model's rank, of
+sizes that do not grow with the config beyond its released models' (converter/validate.py bounds them), compared in
+float32 against the project's PyTorch model on the source weights, and drawn in validation.png.
+
+The benchmark. It measures each part a model has at the spec's `native_size` (compile-only rows) and its validation
+shapes (steady rows), in the model's rank.
+
+Extension points: a family specialises another's models through named points, each stated where it is defined, and
+no other: a class attribute naming a submodule class (Wan's `causal_conv`, models/wan/modeling_flax.py), a config
+class variable (Wan's `frames`), a subclass adding a part (AutoencoderKLFlux2's `bn`), a TilePlan subclass."""
 
 from __future__ import annotations
 
 import inspect
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Generic, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -29,20 +66,16 @@ class Part(Protocol):
 
 
 @runtime_checkable
-class FlaxVAE(Protocol):
-    """Channels-last arrays: video (B, T, H, W, C), latents (B, T, H, W, z). Constructed as
+class FlaxDecoder(Protocol):
+    """What every Flax model has, a decoder alone (a vocoder) too: channels-last arrays of the rank diffusers' class
+    takes: a video (B, T, H, W, C) and its latents (B, T, h, w, z); an image (B, H, W, C) and its latents
+    (B, h, w, z); a mel spectrogram (B, T, mel bins, C) and its waveform (B, samples, C). Constructed as
     `cls(config, rngs=..., param_dtype=...)`; its initialisers must not draw random numbers (the abstract model is
     traced with no keys, converter/structure_cache.py)."""
 
     config: Any
-    encoder: Part
     decoder: Part
-    quant_conv: Any  # a 1x1x1 conv applied per chunk after the encoder, or None
     post_quant_conv: Any  # a 1x1x1 conv applied per chunk before the decoder, or None
-
-    def encode(self, x, *, mesh=None) -> tuple[Any, Any]:
-        """-> (mean, logvar), as diffusers' latent distribution has them."""
-        ...
 
     def decode(self, z, *, mesh=None, **inputs) -> Any: ...
 
@@ -54,17 +87,26 @@ class FlaxVAE(Protocol):
 
 
 @runtime_checkable
-class TorchVAE(Protocol):
-    """Channels-first tensors, as diffusers: `encode(x).latent_dist`, `decode(z, **inputs).sample`. Constructed as
-    `cls(config)`. `step` is the chunk step to use (the torchax runtime passes its compiled one)."""
+class FlaxVAE(FlaxDecoder, Protocol):
+    """An autoencoder: a FlaxDecoder with an encoder."""
+
+    encoder: Part
+    quant_conv: Any  # a 1x1x1 conv applied per chunk after the encoder, or None
+
+    def encode(self, x, *, mesh=None) -> Any:
+        """-> (mean, logvar), as diffusers' latent distribution has them, or a deterministic encoder's latents."""
+        ...
+
+
+@runtime_checkable
+class TorchDecoder(Protocol):
+    """Channels-first tensors, as diffusers: `decode(z, **inputs).sample` (a vocoder also `model(mel)`, as
+    diffusers calls it). Constructed as `cls(config)`. `step` is the chunk step to use (the torchax runtime passes
+    its compiled one)."""
 
     config: Any
-    encoder: Part
     decoder: Part
-    quant_conv: Any
     post_quant_conv: Any
-
-    def encode(self, x, *, step=None) -> Any: ...
 
     def decode(self, z, *, step=None, **inputs) -> Any: ...
 
@@ -77,17 +119,42 @@ class TorchVAE(Protocol):
     def tile_plan(self, part: str) -> Any: ...
 
 
+@runtime_checkable
+class TorchVAE(TorchDecoder, Protocol):
+    """An autoencoder: a TorchDecoder with an encoder, `encode(x)` giving its `.latent_dist` or `.latents`."""
+
+    encoder: Part
+    quant_conv: Any
+
+    def encode(self, x, *, step=None) -> Any: ...
+
+
+def protocols(parts: tuple[str, ...]) -> tuple[type, type]:
+    """The (Flax, PyTorch) protocols a family's models keep, by the parts it declares."""
+    return (FlaxVAE, TorchVAE) if "encoder" in parts else (FlaxDecoder, TorchDecoder)
+
+
 def signature_problems(implementation: type, protocol: type) -> list[str]:
     """Where `implementation`'s methods cannot be called as `protocol` declares them (a PyTorch module's `forward`
     stands for its `__call__`): the protocol's positional parameters lead, in order; each keyword-only one is there,
     keyword-only, with the same default; a parameter it adds (a family's extra input) is optional, and only where the
     protocol takes `**inputs`. Empty when it fits."""
     problems = []
-    for name in [n for n, v in vars(protocol).items() if inspect.isfunction(v) and (n == "__call__" or n[0] != "_")]:
-        method = getattr(
-            implementation, "forward" if name == "__call__" and hasattr(implementation, "forward") else name
-        )
-        want = list(inspect.signature(vars(protocol)[name]).parameters.values())[1:]
+    declared = {
+        n: v
+        for cls in reversed(protocol.__mro__)
+        if cls not in (object, Protocol, Generic)
+        for n, v in vars(cls).items()
+        if inspect.isfunction(v) and (n == "__call__" or n[0] != "_")
+    }
+    for name, declaration in declared.items():
+        if inspect.ismethod(implementation):  # a part that is one of its model's methods (a vocoder's decoder)
+            method = implementation.__func__
+        else:
+            method = getattr(
+                implementation, "forward" if name == "__call__" and hasattr(implementation, "forward") else name
+            )
+        want = list(inspect.signature(declaration).parameters.values())[1:]
         got = list(inspect.signature(method).parameters.values())[1:]
         where = f"{implementation.__qualname__}.{method.__name__}"
         positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -113,3 +180,14 @@ def signature_problems(implementation: type, protocol: type) -> list[str]:
             if extra.default is inspect.Parameter.empty or not takes_inputs:
                 problems.append(f"{where}: {extra.name} is not an optional input the protocol allows")
     return problems
+
+
+def encoded(output) -> tuple:
+    """What an encode gave, as a tuple in the order of `FamilySpec.encode_outputs`, whichever model gave it (ours in
+    either framework, or diffusers'): an output's latent distribution's (mean, logvar), or its `latents`; a Flax
+    model's tuple, or its one array."""
+    if hasattr(output, "latent_dist"):
+        return output.latent_dist.mean, output.latent_dist.logvar
+    if hasattr(output, "latents"):
+        return (output.latents,)
+    return output if isinstance(output, tuple) else (output,)

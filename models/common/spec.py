@@ -36,6 +36,9 @@ class ModelName:
 
 @dataclasses.dataclass(frozen=True)
 class FamilySpec:
+    """One diffusers class as the converter, the tests and the benchmark know it (models/common/protocol.py says what
+    its models keep to)."""
+
     name: str
     config_class: type[DiffusersConfig]
     # The two implementations, imported on demand so that the CLI starts without Flax or the model code.
@@ -44,10 +47,13 @@ class FamilySpec:
     testing: Callable[[], FamilyTesting]  # its test data (models/common/testing.py), imported on demand too
     mapping_file: str  # in mappings/
     models: tuple[ModelName, ...]
-    # (config) -> shapes of the validation inputs, channels-first: latent (B, z, T, H, W), video (B, C, T, H, W); the
-    # video encodes to the latent's height and width, so decoding its encoding (for validation.png) reuses the steps
+    # (config) -> shapes of the validation inputs, channels-first and of the rank diffusers' class takes: the latent
+    # its validation decodes, and the sample (a video, an image) it encodes to a latent of the same sizes, so decoding
+    # that encoding (for validation.png) reuses the compiled steps. Their sizes must not grow with the config beyond
+    # what its released models have (converter/validate.py bounds them). A decoder alone (a vocoder) has no sample
+    # (None); its "latent" is what it decodes (a mel spectrogram)
     validation_latent_shape: Callable
-    validation_video_shape: Callable
+    validation_sample_shape: Callable | None
     # (config) -> the extra inputs validation decodes with, {diffusers' keyword: array over the validation batch}:
     # fixed values, which the report and the manifest name (a timestep for a timestep-conditioned decoder); None
     # where decode takes latents only
@@ -56,8 +62,9 @@ class FamilySpec:
     # (safetensors header metadata) -> the diffusers config an original file carries, for formats whose files keep
     # theirs (`config: metadata`); None where the file has none; a ConfigError where it cannot be translated
     config_from_metadata: Callable | None = None
-    # (frames, height, width) of the videos its pipelines make: the benchmark's compile-only rows
-    native_video: tuple[int, int, int] = (81, 720, 1280)
+    # the sizes (no batch, no channels) of the samples its pipelines make, in the order of the validation sample's
+    # axes: (frames, height, width) of a video, (height, width) of an image; the benchmark's compile-only rows
+    native_size: tuple[int, ...] = (81, 720, 1280)
     # state_dict entries whose values the manifest records (`tensors`): statistics pipelines read, such as LTX's
     # latents_mean / latents_std buffers
     recorded_tensors: tuple[str, ...] = ()
@@ -65,14 +72,30 @@ class FamilySpec:
     # the tensors show in place of the named model's (widths, depth, latent channels, optional layers); None where a
     # family's tensors cannot say
     config_from_shapes: Callable | None = None
-    # an image model: its models take images, (B, C, H, W) channels-first and (B, H, W, C) in Flax, and its
-    # validation shapes have no frame axis; a video model's take (B, C, T, H, W)
-    image: bool = False
+    # whether its samples have a frame axis, which its parts run in chunks (a video's (B, C, T, H, W); an image
+    # class that takes one frame keeps it); False: an image (B, C, H, W), its parts run whole
+    frame_axis: bool = True
+    # the parts its models have, which validation, tiling, meshes, the benchmark and `info` ask for: an autoencoder's
+    # encoder and decoder, or a decoder only
+    parts: tuple[str, ...] = ("encoder", "decoder")
+    # what `encode` gives, as diffusers' encode output holds it: its latent distribution's mean and log-variance, or a
+    # deterministic encoder's latents (models/common/outputs.py `encoded`)
+    encode_outputs: tuple[str, ...] = ("mean", "logvar")
+    # the pipeline component its class is (diffusers' model_index key, its models' Hub subfolder by default): the
+    # VAE, LTX-2's audio VAE, a vocoder
+    component: str = "vae"
+    # the diffusers module that defines the class (the tests' oracle and the benchmark's): the package itself for its
+    # models, a pipeline's module for a class kept beside its pipeline (LTX-2's vocoders)
+    diffusers_module: str = "diffusers"
 
     @property
     def folder(self) -> str:
         """Its folder in models/, whose name its test file carries (tests/test_<folder>.py)."""
         return self.config_class.__module__.split(".")[-2]
+
+    def diffusers_class(self) -> type:
+        """diffusers' class (imports diffusers: for the tests and the benchmark, never the converter)."""
+        return getattr(importlib.import_module(self.diffusers_module), self.class_name)
 
     @property
     def class_name(self) -> str:

@@ -1,4 +1,4 @@
-"""Running a Flax VAE chunk by chunk, shared by both families: one jitted step per chunk shape with the causal cache
+"""Running a Flax VAE chunk by chunk, for every family: one jitted step per chunk shape with the causal cache
 passed explicitly, on a mesh when given one, and tile by tile when tiling is on."""
 
 from __future__ import annotations

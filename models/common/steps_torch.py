@@ -1,4 +1,4 @@
-"""Running a PyTorch VAE chunk by chunk, shared by both families: the same step as the Flax models'
+"""Running a PyTorch VAE chunk by chunk, for every family: the same step as the Flax models'
 (models/common/steps_flax.py), with the causal cache passed explicitly from one chunk to the next, so that torchax can
 jit each step (converter/torchax_runtime.py); tile by tile when tiling is on."""
 

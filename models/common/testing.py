@@ -39,6 +39,9 @@ class OriginalFileCase:
     wrapper: str | None = None  # the key the released pickle nests the tensors under
     training_key: str | None = None  # a key of training state the release keeps beside the model's, dropped by rule
     validated_target: str = "flax"  # the target whose conversion also runs the validation decode/encode
+    # a release that keeps each part in a file of its own (converter/sources.py): `file_name` is then the name the
+    # parts' files are named after (taesd.safetensors: taesd_encoder.safetensors, taesd_decoder.safetensors)
+    split_by_part: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

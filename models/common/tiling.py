@@ -1,6 +1,7 @@
-"""Spatial tiling as diffusers' `enable_tiling` does it, shared by the four models (Flax and PyTorch, both families).
+"""Spatial tiling as diffusers' `enable_tiling` does it, for every family's models (Flax and PyTorch).
 
-A tiled encode or decode runs the untiled one on overlapping windows of the input, then, in row-major order, ramps
+A tiled encode or decode runs the untiled one on overlapping windows of the input, then (`TilePlan.run`, which a
+family whose diffusers class joins its tiles otherwise overrides in a subclass of its own) in row-major order, ramps
 each tile's first rows into its upper neighbour and its first columns into its left neighbour (both neighbours
 already blended, as diffusers' in-place loops leave them), keeps the leading part of each tile and stitches the kept
 parts. The tile sizes, strides, ramps and crops are diffusers', so results match `enable_tiling` within tolerance.
@@ -31,6 +32,46 @@ class TilePlan:
     def __post_init__(self):
         if min(self.tile + self.stride) < 1:
             raise ValueError(f"tiling: tile {self.tile} and stride {self.stride} must be at least 1 (tiles too small)")
+
+    def fits_whole(self, x, h_axis: int) -> bool:
+        """Whether `x` runs untiled: no larger than one tile (or than `untiled_max`)."""
+        limit = self.untiled_max or self.tile
+        return x.shape[h_axis] <= limit[0] and x.shape[h_axis + 1] <= limit[1]
+
+    def windows(self, x, h_axis: int) -> list[list[tuple[slice, slice]]]:
+        """The tiles' input windows, row by row."""
+        height, width = x.shape[h_axis], x.shape[h_axis + 1]
+        return [
+            [(slice(i, i + self.tile[0]), slice(j, j + self.tile[1])) for j in range(0, width, self.stride[1])]
+            for i in range(0, height, self.stride[0])
+        ]
+
+    def run(self, run: Callable, x, *, h_axis: int, concat: Callable, as_array: Callable):
+        """`run(x)` tile by tile: x is any array with height at `h_axis` and width right after it; `run` maps a window
+        to an output tile of the same layout; concat(arrays, axis) and as_array(numpy float64 array, like) are the
+        framework's."""
+        if self.fits_whole(x, h_axis):
+            return run(x)
+        above, kept_rows = None, []
+        for windows in self.windows(x, h_axis):
+            row = []
+            for n, (rows, cols) in enumerate(windows):
+                tile = run(_window(x, h_axis, rows, cols))
+                if above is not None:
+                    tile = _blend(above[n], tile, h_axis, self.blend[0], concat, as_array)
+                if row:
+                    tile = _blend(row[-1], tile, h_axis + 1, self.blend[1], concat, as_array)
+                row.append(tile)
+            kept_rows.append(
+                concat([_window(t, h_axis, slice(0, self.keep[0]), slice(0, self.keep[1])) for t in row], h_axis + 1)
+            )
+            above = row
+        out = concat(kept_rows, h_axis)
+        if self.crop_scale is not None:
+            num, den = self.crop_scale
+            height, width = x.shape[h_axis], x.shape[h_axis + 1]
+            out = _window(out, h_axis, slice(0, height * num // den), slice(0, width * num // den))
+        return out
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,13 +125,16 @@ class SampleTiling:
 
 class TilingMixin:
     """diffusers' `enable_tiling` / `disable_tiling`, same keywords. `tiling_class` is the family's settings dataclass
-    (fields named like diffusers' keywords, `plans(config)` -> {"encoder": TilePlan, "decoder": TilePlan})."""
+    (fields named like diffusers' keywords, `plans(config)` -> {"encoder": TilePlan, "decoder": TilePlan}), or None
+    where diffusers' class does not tile."""
 
-    tiling_class: type
+    tiling_class: type | None
     tiling = None
 
     def enable_tiling(self, **settings):
         """Encode and decode large videos tile by tile; keywords left out (or None) take diffusers' defaults."""
+        if self.tiling_class is None:  # as diffusers' AutoencoderMixin says it
+            raise NotImplementedError(f"Tiling doesn't seem to be implemented for {type(self).__name__}.")
         self.tiling = self.tiling_class(**{k: v for k, v in settings.items() if v is not None})
 
     def disable_tiling(self):
@@ -123,35 +167,10 @@ def _blend(a, b, axis: int, extent: int, concat: Callable, as_array: Callable):
 
 
 def run_tiled(run: Callable, x, plan: TilePlan | None, *, h_axis: int, concat: Callable, as_array: Callable):
-    """`run(x)`, tile by tile when a plan is given and the input is larger than one tile.
-
-    x: any array with height at `h_axis` and width right after it; run: window -> output tile of the same layout;
-    concat(arrays, axis) and as_array(numpy float64 array, like) are the framework's.
-    """
-    height, width = x.shape[h_axis], x.shape[h_axis + 1]
-    limit = plan and (plan.untiled_max or plan.tile)
-    if plan is None or (height <= limit[0] and width <= limit[1]):
+    """`run(x)`, tile by tile as `plan` runs them where there is one (TilePlan.run)."""
+    if plan is None:
         return run(x)
-    (tile_h, tile_w), (stride_h, stride_w) = plan.tile, plan.stride
-    above, kept_rows = None, []
-    for i in range(0, height, stride_h):
-        row = []
-        for n, j in enumerate(range(0, width, stride_w)):
-            tile = run(_window(x, h_axis, slice(i, i + tile_h), slice(j, j + tile_w)))
-            if above is not None:
-                tile = _blend(above[n], tile, h_axis, plan.blend[0], concat, as_array)
-            if row:
-                tile = _blend(row[-1], tile, h_axis + 1, plan.blend[1], concat, as_array)
-            row.append(tile)
-        kept_rows.append(
-            concat([_window(t, h_axis, slice(0, plan.keep[0]), slice(0, plan.keep[1])) for t in row], h_axis + 1)
-        )
-        above = row
-    out = concat(kept_rows, h_axis)
-    if plan.crop_scale is not None:
-        num, den = plan.crop_scale
-        out = _window(out, h_axis, slice(0, height * num // den), slice(0, width * num // den))
-    return out
+    return plan.run(run, x, h_axis=h_axis, concat=concat, as_array=as_array)
 
 
 def run_framewise(

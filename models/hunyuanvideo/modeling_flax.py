@@ -16,9 +16,10 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from ..common.blocks_flax import DownBlock, MidBlock, UpBlock
 from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import Attention, GroupNorm
+from ..common.layers_flax import GroupNorm
 from ..common.steps_flax import run_clip
 from ..common.tiling import TilingMixin
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
@@ -74,90 +75,27 @@ class HunyuanVideoDownsampleCausal3D(nnx.Module):
         return self.conv(x)
 
 
-class HunyuanVideoResnetBlockCausal3D(nnx.Module):
-    def __init__(self, in_channels, out_channels, groups, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.norm1 = GroupNorm(groups, in_channels, 1e-6, param_dtype=param_dtype)
-        self.conv1 = HunyuanVideoCausalConv3d(in_channels, out_channels, 3, **kw)
-        self.norm2 = GroupNorm(groups, out_channels, 1e-6, param_dtype=param_dtype)
-        self.conv2 = HunyuanVideoCausalConv3d(out_channels, out_channels, 3, **kw)
-        self.conv_shortcut = (
-            HunyuanVideoCausalConv3d(in_channels, out_channels, 1, **kw) if in_channels != out_channels else None
-        )
-
-    def __call__(self, x):
-        h = self.conv1(jax.nn.silu(self.norm1(x)))
-        h = self.conv2(jax.nn.silu(self.norm2(h)))
-        return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
-
-
-class HunyuanVideoMidBlock3D(nnx.Module):
-    def __init__(self, channels, groups, add_attention, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = nnx.List([HunyuanVideoResnetBlockCausal3D(channels, channels, groups, **kw) for _ in range(2)])
-        self.attentions = nnx.List([Attention(channels, groups, **kw) if add_attention else None])
-
-    def __call__(self, x):
-        x = self.resnets[0](x)
-        for attention, resnet in zip(self.attentions, self.resnets[1:]):
-            if attention is not None:
-                x = attention(x)
-            x = resnet(x)
-        return x
-
-
-def _resnets(in_channels, out_channels, num_layers, groups, **kw):
-    """A block's resnets: the first changes the width, the others keep it."""
-    return nnx.List(
-        [
-            HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups, **kw)
-            for i in range(num_layers)
-        ]
-    )
-
-
-class HunyuanVideoDownBlock3D(nnx.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, strides, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = _resnets(in_channels, out_channels, num_layers, groups, **kw)
-        self.downsamplers = nnx.List([HunyuanVideoDownsampleCausal3D(out_channels, strides, **kw)]) if strides else None
-
-    def __call__(self, x):
-        for resnet in self.resnets:
-            x = resnet(x)
-        for downsampler in self.downsamplers or ():
-            x = downsampler(x)
-        return x
-
-
-class HunyuanVideoUpBlock3D(nnx.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, factors, *, rngs, param_dtype):
-        kw = dict(rngs=rngs, param_dtype=param_dtype)
-        self.resnets = _resnets(in_channels, out_channels, num_layers, groups, **kw)
-        self.upsamplers = (
-            nnx.List([HunyuanVideoUpsampleCausal3D(out_channels, out_channels, factors, **kw)]) if factors else None
-        )
-
-    def __call__(self, x):
-        for resnet in self.resnets:
-            x = resnet(x)
-        for upsampler in self.upsamplers or ():
-            x = upsampler(x)
-        return x
-
-
 class HunyuanVideoEncoder3D(nnx.Module):
     def __init__(self, config: HunyuanVideoVAEConfig, *, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         channels, groups = config.block_out_channels, config.norm_num_groups
-        self.conv_in = HunyuanVideoCausalConv3d(config.in_channels, channels[0], 3, **kw)
+        conv = HunyuanVideoCausalConv3d
+        self.conv_in = conv(config.in_channels, channels[0], 3, **kw)
         self.down_blocks = nnx.List(
             [
-                HunyuanVideoDownBlock3D(channels[max(i - 1, 0)], channels[i], config.layers_per_block, groups, s, **kw)
+                DownBlock(
+                    channels[max(i - 1, 0)],
+                    channels[i],
+                    config.layers_per_block,
+                    groups,
+                    conv,
+                    HunyuanVideoDownsampleCausal3D(channels[i], s, **kw) if s else None,
+                    **kw,
+                )  # fmt: skip
                 for i, s in enumerate(config.down_strides())
             ]
         )
-        self.mid_block = HunyuanVideoMidBlock3D(channels[-1], groups, config.mid_block_add_attention, **kw)
+        self.mid_block = MidBlock(channels[-1], groups, config.mid_block_add_attention, conv, **kw)
         self.conv_norm_out = GroupNorm(groups, channels[-1], 1e-6, param_dtype=param_dtype)
         self.conv_out = HunyuanVideoCausalConv3d(channels[-1], 2 * config.latent_channels, 3, **kw)
 
@@ -175,13 +113,20 @@ class HunyuanVideoDecoder3D(nnx.Module):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         groups = config.norm_num_groups
         channels = list(reversed(config.block_out_channels))
-        self.conv_in = HunyuanVideoCausalConv3d(config.latent_channels, channels[0], 3, **kw)
-        self.mid_block = HunyuanVideoMidBlock3D(channels[0], groups, config.mid_block_add_attention, **kw)
+        conv = HunyuanVideoCausalConv3d
+        self.conv_in = conv(config.latent_channels, channels[0], 3, **kw)
+        self.mid_block = MidBlock(channels[0], groups, config.mid_block_add_attention, conv, **kw)
         self.up_blocks = nnx.List(
             [
-                HunyuanVideoUpBlock3D(
-                    channels[max(i - 1, 0)], channels[i], config.layers_per_block + 1, groups, f, **kw
-                )
+                UpBlock(
+                    channels[max(i - 1, 0)],
+                    channels[i],
+                    config.layers_per_block + 1,
+                    groups,
+                    conv,
+                    HunyuanVideoUpsampleCausal3D(channels[i], channels[i], f, **kw) if f else None,
+                    **kw,
+                )  # fmt: skip
                 for i, f in enumerate(config.up_factors())
             ]
         )

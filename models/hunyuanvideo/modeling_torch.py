@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..common.blocks_torch import DownBlock, MidBlock, UpBlock
 from ..common.inputs import expect_video
-from ..common.layers_torch import Attention, GroupNorm, pad_edges
+from ..common.layers_torch import GroupNorm, pad_edges
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
@@ -60,90 +61,26 @@ class HunyuanVideoDownsampleCausal3D(nn.Module):
         return self.conv(x)
 
 
-class HunyuanVideoResnetBlockCausal3D(nn.Module):
-    def __init__(self, in_channels, out_channels, groups):
-        super().__init__()
-        self.norm1 = GroupNorm(groups, in_channels, eps=1e-6)
-        self.conv1 = HunyuanVideoCausalConv3d(in_channels, out_channels, 3)
-        self.norm2 = GroupNorm(groups, out_channels, eps=1e-6)
-        self.conv2 = HunyuanVideoCausalConv3d(out_channels, out_channels, 3)
-        self.conv_shortcut = (
-            HunyuanVideoCausalConv3d(in_channels, out_channels, 1) if in_channels != out_channels else None
-        )
-
-    def forward(self, x):
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
-        return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
-
-
-class HunyuanVideoMidBlock3D(nn.Module):
-    def __init__(self, channels, groups, add_attention):
-        super().__init__()
-        self.resnets = nn.ModuleList([HunyuanVideoResnetBlockCausal3D(channels, channels, groups) for _ in range(2)])
-        self.attentions = nn.ModuleList([Attention(channels, groups)]) if add_attention else [None]
-
-    def forward(self, x):
-        x = self.resnets[0](x)
-        for attention, resnet in zip(self.attentions, self.resnets[1:]):
-            if attention is not None:
-                x = attention(x)
-            x = resnet(x)
-        return x
-
-
-def _resnets(in_channels, out_channels, num_layers, groups):
-    """A block's resnets: the first changes the width, the others keep it."""
-    return nn.ModuleList(
-        [
-            HunyuanVideoResnetBlockCausal3D(in_channels if i == 0 else out_channels, out_channels, groups)
-            for i in range(num_layers)
-        ]
-    )
-
-
-class HunyuanVideoDownBlock3D(nn.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, strides):
-        super().__init__()
-        self.resnets = _resnets(in_channels, out_channels, num_layers, groups)
-        self.downsamplers = nn.ModuleList([HunyuanVideoDownsampleCausal3D(out_channels, strides)]) if strides else None
-
-    def forward(self, x):
-        for resnet in self.resnets:
-            x = resnet(x)
-        for downsampler in self.downsamplers or ():
-            x = downsampler(x)
-        return x
-
-
-class HunyuanVideoUpBlock3D(nn.Module):
-    def __init__(self, in_channels, out_channels, num_layers, groups, factors):
-        super().__init__()
-        self.resnets = _resnets(in_channels, out_channels, num_layers, groups)
-        self.upsamplers = (
-            nn.ModuleList([HunyuanVideoUpsampleCausal3D(out_channels, out_channels, factors)]) if factors else None
-        )
-
-    def forward(self, x):
-        for resnet in self.resnets:
-            x = resnet(x)
-        for upsampler in self.upsamplers or ():
-            x = upsampler(x)
-        return x
-
-
 class HunyuanVideoEncoder3D(nn.Module):
     def __init__(self, config: HunyuanVideoVAEConfig):
         super().__init__()
         channels, groups = config.block_out_channels, config.norm_num_groups
-        self.conv_in = HunyuanVideoCausalConv3d(config.in_channels, channels[0], 3)
+        conv = HunyuanVideoCausalConv3d
+        self.conv_in = conv(config.in_channels, channels[0], 3)
         self.down_blocks = nn.ModuleList(
             [
-                HunyuanVideoDownBlock3D(channels[max(i - 1, 0)], channels[i], config.layers_per_block, groups, s)
+                DownBlock(
+                    channels[max(i - 1, 0)],
+                    channels[i],
+                    config.layers_per_block,
+                    groups,
+                    conv,
+                    HunyuanVideoDownsampleCausal3D(channels[i], s) if s else None,
+                )  # fmt: skip
                 for i, s in enumerate(config.down_strides())
             ]
         )
-        self.mid_block = HunyuanVideoMidBlock3D(channels[-1], groups, config.mid_block_add_attention)
+        self.mid_block = MidBlock(channels[-1], groups, config.mid_block_add_attention, conv)
         self.conv_norm_out = GroupNorm(groups, channels[-1], eps=1e-6)
         self.conv_out = HunyuanVideoCausalConv3d(channels[-1], 2 * config.latent_channels, 3)
 
@@ -161,11 +98,19 @@ class HunyuanVideoDecoder3D(nn.Module):
         super().__init__()
         groups = config.norm_num_groups
         channels = list(reversed(config.block_out_channels))
-        self.conv_in = HunyuanVideoCausalConv3d(config.latent_channels, channels[0], 3)
-        self.mid_block = HunyuanVideoMidBlock3D(channels[0], groups, config.mid_block_add_attention)
+        conv = HunyuanVideoCausalConv3d
+        self.conv_in = conv(config.latent_channels, channels[0], 3)
+        self.mid_block = MidBlock(channels[0], groups, config.mid_block_add_attention, conv)
         self.up_blocks = nn.ModuleList(
             [
-                HunyuanVideoUpBlock3D(channels[max(i - 1, 0)], channels[i], config.layers_per_block + 1, groups, f)
+                UpBlock(
+                    channels[max(i - 1, 0)],
+                    channels[i],
+                    config.layers_per_block + 1,
+                    groups,
+                    conv,
+                    HunyuanVideoUpsampleCausal3D(channels[i], channels[i], f) if f else None,
+                )  # fmt: skip
                 for i, f in enumerate(config.up_factors())
             ]
         )

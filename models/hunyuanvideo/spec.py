@@ -19,9 +19,9 @@ HUNYUANVIDEO = FamilySpec(
         ModelName("hunyuanvideo-i2v", "hunyuanvideo-community/HunyuanVideo-I2V"),
     ),
     # 3 latent frames and 9 video frames: below the framewise threshold, so validation runs the plain path
-    native_video=(129, 720, 1280),
+    native_size=(129, 720, 1280),
     validation_latent_shape=lambda c: (1, c.latent_channels, 3, 8, 8),
-    validation_video_shape=lambda c: (
+    validation_sample_shape=lambda c: (
         1,
         c.in_channels,
         9,

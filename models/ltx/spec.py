@@ -33,10 +33,16 @@ def _decode_inputs(config: LTXVideoVAEConfig) -> dict:
 # 2 latent frames of 4 x 4: 9 frames of 128 x 128 at the published ratios
 VALIDATION = dict(
     validation_latent_shape=lambda c: (1, c.latent_channels, 2, 4, 4),
-    validation_video_shape=lambda c: (1, c.in_channels, 1 + c.temporal_ratio, 4 * c.spatial_ratio, 4 * c.spatial_ratio),
+    validation_sample_shape=lambda c: (
+        1,
+        c.in_channels,
+        1 + c.temporal_ratio,
+        4 * c.spatial_ratio,
+        4 * c.spatial_ratio,
+    ),
     validation_decode_inputs=_decode_inputs,
     recorded_tensors=("latents_mean", "latents_std"),
-    native_video=(121, 704, 1216),
+    native_size=(121, 704, 1216),
 )
 
 

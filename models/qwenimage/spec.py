@@ -18,8 +18,10 @@ QWENIMAGE = FamilySpec(
         ModelName("qwen-image-edit", "Qwen/Qwen-Image-Edit"),
         ModelName("qwen-image-edit-2509", "Qwen/Qwen-Image-Edit-2509"),
     ),
-    # an image model: its validation decodes one latent frame and encodes one image, to a latent of the same size
+    # an image class with a frame axis of one (B, C, 1, H, W): its validation decodes one latent frame and encodes
+    # one image, to a latent of the same size
     validation_latent_shape=lambda c: (1, c.z_dim, 1, 8, 8),
-    validation_video_shape=lambda c: (1, c.input_channels, 1, 8 * c.scale_factor_spatial, 8 * c.scale_factor_spatial),
+    validation_sample_shape=lambda c: (1, c.input_channels, 1, 8 * c.spatial_ratio, 8 * c.spatial_ratio),
     clamps_output=True,
+    native_size=(1, 1024, 1024),
 )

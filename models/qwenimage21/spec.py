@@ -14,9 +14,10 @@ QWENIMAGE21 = FamilySpec(
     testing=lazy(__package__, ".testing", "TESTING"),
     mapping_file="qwenimage21.yaml",
     models=(ModelName("qwen-image-2.1", "Qwen/Qwen-Image-2.1"),),
-    # an image model: its validation decodes one latent and encodes one image, to a latent of the same size
+    # an image class with a frame axis of one (B, C, 1, H, W): its validation decodes one latent frame and encodes
+    # one image, to a latent of the same size
     validation_latent_shape=lambda c: (1, c.z_dim, 1, 8, 8),
-    validation_video_shape=lambda c: (1, c.video_channels, 1, 8 * c.scale_factor_spatial, 8 * c.scale_factor_spatial),
+    validation_sample_shape=lambda c: (1, c.video_channels, 1, 8 * c.spatial_ratio, 8 * c.spatial_ratio),
     clamps_output=True,
-    native_video=(1, 1024, 1024),
+    native_size=(1, 1024, 1024),
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 
-from ..common.config import LAYERS, MULTIPLIER, STRIDE, WIDTH, ConfigError, DiffusersConfig
+from ..common.config import LAYERS, MULTIPLIER, STRIDE, WIDTH, ConfigError, DiffusersConfig, Level
 from ..common.tiling import TilePlan
 
 WAN21_LATENTS_MEAN = [
@@ -216,8 +216,43 @@ class WanLayout:
         return self.decoder_base_dim or self.base_dim
 
     @property
+    def spatial_ratio(self) -> int:
+        """Pixels per latent along each side, as the architecture has it (2 per level but the last, times the
+        patch): what validation sizes its images by, whatever `scale_factor_spatial` says."""
+        return 2 ** (len(self.dim_mult) - 1) * self.patch
+
+    @property
+    def encode_multiple(self) -> int:
+        """What an encoded frame's sides must be multiples of: the patch, and in the residual layout the whole
+        spatial ratio (its parameter-free shortcuts fold pixels at every level)."""
+        return self.spatial_ratio if self.is_residual else self.patch
+
+    @property
     def temperal_upsample(self) -> tuple[bool, ...]:
         return tuple(reversed(self.temperal_downsample))
+
+    def down_levels(self) -> list[Level]:
+        """The encoder's levels: widths base_dim * (1, *dim_mult); Wan 2.1's attention where the scale (1, 1/2, ...,
+        halved at each downsampler) is one of attn_scales."""
+        dims, levels, scale = [self.base_dim * u for u in (1, *self.dim_mult)], [], 1.0
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            resample = i != len(self.dim_mult) - 1
+            levels.append(
+                Level(in_dim, out_dim, resample, resample and self.temperal_downsample[i], scale in self.attn_scales)
+            )
+            scale /= 2.0 if resample else 1.0
+        return levels
+
+    def up_levels(self) -> list[Level]:
+        """The decoder's levels, from the widest: in Wan 2.1 each upsampler halves the channels it passes on."""
+        dims, levels = [self.decoder_width * u for u in (self.dim_mult[-1], *self.dim_mult[::-1])], []
+        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
+            resample = i != len(self.dim_mult) - 1
+            halved = i > 0 and not self.is_residual
+            levels.append(
+                Level(in_dim // 2 if halved else in_dim, out_dim, resample, resample and self.temperal_upsample[i])
+            )
+        return levels
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +314,8 @@ class WanTiling:
     def plans(self, config: WanVAEConfig) -> dict[str, TilePlan]:
         """Both directions tile the patchified video (Wan 2.2), as diffusers does: the pixel sizes below then count
         patches, except that encoding starts tiling once the unpatchified frame exceeds one tile."""
-        ratio, patch = config.scale_factor_spatial, config.patch  # diffusers' spatial_compression_ratio
+        # diffusers' spatial_compression_ratio (null in a config: the architecture's, where diffusers' would fail)
+        ratio, patch = config.scale_factor_spatial or config.spatial_ratio, config.patch
         encode_ratio = ratio // patch
         sample_min = (self.tile_sample_min_height, self.tile_sample_min_width)
         sample_stride = (self.tile_sample_stride_height, self.tile_sample_stride_width)

@@ -7,6 +7,13 @@ Read it beside diffusers' `autoencoder_kl_wan.py`: modules and parameters carry 
   cache holds exactly CACHE_T frames and its shape never changes after the first step.
 - Kernels start at zero, not random: the model exists to be filled from a checkpoint, and zeros keep tracing its
   abstract state (`nnx.eval_shape`, as `converter.load` does) cheap.
+
+Extension points (models/common/protocol.py), which Qwen-Image 2.1 uses (models/qwenimage21/):
+- `AutoencoderKLWan.causal_conv`: the convolution class every layer is built with, constructed as
+  `WanCausalConv3d` is, with a `history` attribute; called `conv(x)` -> y when it has none (`history == 0`), and
+  `conv(x, cache)` -> (y, cache) when it has some, the cache it returns passed back with the next chunk (None: a
+  convolution with nothing to keep, such as an image's).
+- `WanVAEConfig.frames`: the frames every input has (1: an image class), checked by encode and decode; None: any.
 """
 
 from __future__ import annotations
@@ -246,27 +253,24 @@ class WanResidualDownBlock(nnx.Module):
 class WanEncoder3d(nnx.Module):
     def __init__(self, config: WanVAEConfig, *, conv, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        dims = [config.base_dim * u for u in (1, *config.dim_mult)]
-        scale = 1.0
-        self.conv_in = conv(config.in_channels, dims[0], 3, padding=1, **kw)
+        levels, blocks = config.down_levels(), config.num_res_blocks
+        self.conv_in = conv(config.in_channels, levels[0].in_channels, 3, padding=1, **kw)
         down_blocks = []
-        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
-            down_flag = i != len(config.dim_mult) - 1
+        for level in levels:
+            in_dim, out_dim = level.in_channels, level.out_channels
             if config.is_residual:
-                temporal = down_flag and config.temperal_downsample[i]
                 down_blocks.append(
-                    WanResidualDownBlock(in_dim, out_dim, config.num_res_blocks, temporal, down_flag, conv=conv, **kw)
+                    WanResidualDownBlock(in_dim, out_dim, blocks, level.temporal, level.resample, conv=conv, **kw)
                 )
                 continue
-            for _ in range(config.num_res_blocks):
+            for _ in range(blocks):
                 down_blocks.append(WanResidualBlock(in_dim, out_dim, conv=conv, **kw))
-                if scale in config.attn_scales:
+                if level.attention:
                     down_blocks.append(WanAttentionBlock(out_dim, **kw))
                 in_dim = out_dim
-            if down_flag:
-                mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
+            if level.resample:
+                mode = "downsample3d" if level.temporal else "downsample2d"
                 down_blocks.append(WanResample(out_dim, mode, conv=conv, **kw))
-                scale /= 2.0
         self.down_blocks = nnx.List(down_blocks)
         self.mid_block = WanMidBlock(out_dim, conv=conv, **kw)
         self.norm_out = WanRMS_norm(out_dim, param_dtype=param_dtype)
@@ -326,23 +330,19 @@ class WanResidualUpBlock(nnx.Module):
 class WanDecoder3d(nnx.Module):
     def __init__(self, config: WanVAEConfig, *, conv, rngs, param_dtype):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
-        dim_mult = config.dim_mult
-        dims = [config.decoder_width * u for u in (dim_mult[-1], *dim_mult[::-1])]
-        self.conv_in = conv(config.z_dim, dims[0], 3, padding=1, **kw)
-        self.mid_block = WanMidBlock(dims[0], conv=conv, **kw)
+        levels, blocks = config.up_levels(), config.num_res_blocks
+        self.conv_in = conv(config.z_dim, levels[0].in_channels, 3, padding=1, **kw)
+        self.mid_block = WanMidBlock(levels[0].in_channels, conv=conv, **kw)
         up_blocks = []
-        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
-            up_flag = i != len(dim_mult) - 1
-            temporal = up_flag and config.temperal_upsample[i]
+        for level in levels:
+            in_dim, out_dim = level.in_channels, level.out_channels
             if config.is_residual:
                 up_blocks.append(
-                    WanResidualUpBlock(in_dim, out_dim, config.num_res_blocks, temporal, up_flag, conv=conv, **kw)
+                    WanResidualUpBlock(in_dim, out_dim, blocks, level.temporal, level.resample, conv=conv, **kw)
                 )
-                continue
-            if i > 0:
-                in_dim = in_dim // 2  # the previous block's upsampler halved the channels
-            mode = ("upsample3d" if temporal else "upsample2d") if up_flag else None
-            up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode, conv=conv, **kw))
+            else:
+                mode = ("upsample3d" if level.temporal else "upsample2d") if level.resample else None
+                up_blocks.append(WanUpBlock(in_dim, out_dim, blocks, mode, conv=conv, **kw))
         self.up_blocks = nnx.List(up_blocks)
         self.norm_out = WanRMS_norm(out_dim, param_dtype=param_dtype)
         self.conv_out = conv(out_dim, config.out_channels, 3, padding=1, **kw)
@@ -400,7 +400,12 @@ class AutoencoderKLWan(TilingMixin, nnx.Module):
         """
         config = self.config
         expect_video(
-            x, config.video_channels, channels_last=True, what="encode", multiple=config.patch, frames=config.frames
+            x,
+            config.video_channels,
+            channels_last=True,
+            what="encode",
+            multiple=config.encode_multiple,
+            frames=config.frames,
         )
         x = patchify(x, config.patch)
         mean, logvar = jnp.split(run_chunks(self, "encoder", x, encode_chunks(x.shape[1]), mesh), 2, axis=-1)

@@ -7,6 +7,8 @@ reference) and on JAX through torchax. What differs from diffusers, for the sake
   `(x, new_cache)`, so `encoder(x, cache)` and `decoder(z, cache)` are pure steps torchax can compile.
 - Every cache holds exactly CACHE_T frames (missing history is zeros, as diffusers' causal padding is), so cache
   shapes never change after the first step and each step compiles once; a conv's cache is channels-last.
+
+Extension points: `AutoencoderKLWan.causal_conv` and `WanVAEConfig.frames`, as in modeling_flax.py.
 """
 
 from __future__ import annotations
@@ -235,27 +237,24 @@ class WanResidualDownBlock(nn.Module):
 class WanEncoder3d(nn.Module):
     def __init__(self, config: WanVAEConfig, *, conv):
         super().__init__()
-        dims = [config.base_dim * u for u in (1, *config.dim_mult)]
-        scale = 1.0
-        self.conv_in = conv(config.in_channels, dims[0], 3, padding=1)
+        levels, blocks = config.down_levels(), config.num_res_blocks
+        self.conv_in = conv(config.in_channels, levels[0].in_channels, 3, padding=1)
         self.down_blocks = nn.ModuleList()
-        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
-            down_flag = i != len(config.dim_mult) - 1
+        for level in levels:
+            in_dim, out_dim = level.in_channels, level.out_channels
             if config.is_residual:
-                temporal = down_flag and config.temperal_downsample[i]
                 self.down_blocks.append(
-                    WanResidualDownBlock(in_dim, out_dim, config.num_res_blocks, temporal, down_flag, conv=conv)
+                    WanResidualDownBlock(in_dim, out_dim, blocks, level.temporal, level.resample, conv=conv)
                 )
                 continue
-            for _ in range(config.num_res_blocks):
+            for _ in range(blocks):
                 self.down_blocks.append(WanResidualBlock(in_dim, out_dim, conv=conv))
-                if scale in config.attn_scales:
+                if level.attention:
                     self.down_blocks.append(WanAttentionBlock(out_dim))
                 in_dim = out_dim
-            if down_flag:
-                mode = "downsample3d" if config.temperal_downsample[i] else "downsample2d"
+            if level.resample:
+                mode = "downsample3d" if level.temporal else "downsample2d"
                 self.down_blocks.append(WanResample(out_dim, mode, conv=conv))
-                scale /= 2.0
         self.mid_block = WanMidBlock(out_dim, conv=conv)
         self.norm_out = WanRMS_norm(out_dim, images=False)
         self.conv_out = conv(out_dim, config.z_dim * 2, 3, padding=1)
@@ -314,23 +313,19 @@ class WanResidualUpBlock(nn.Module):
 class WanDecoder3d(nn.Module):
     def __init__(self, config: WanVAEConfig, *, conv):
         super().__init__()
-        dim_mult = config.dim_mult
-        dims = [config.decoder_width * u for u in (dim_mult[-1], *dim_mult[::-1])]
-        self.conv_in = conv(config.z_dim, dims[0], 3, padding=1)
-        self.mid_block = WanMidBlock(dims[0], conv=conv)
+        levels, blocks = config.up_levels(), config.num_res_blocks
+        self.conv_in = conv(config.z_dim, levels[0].in_channels, 3, padding=1)
+        self.mid_block = WanMidBlock(levels[0].in_channels, conv=conv)
         self.up_blocks = nn.ModuleList()
-        for i, (in_dim, out_dim) in enumerate(zip(dims[:-1], dims[1:])):
-            up_flag = i != len(dim_mult) - 1
-            temporal = up_flag and config.temperal_upsample[i]
+        for level in levels:
+            in_dim, out_dim = level.in_channels, level.out_channels
             if config.is_residual:
                 self.up_blocks.append(
-                    WanResidualUpBlock(in_dim, out_dim, config.num_res_blocks, temporal, up_flag, conv=conv)
+                    WanResidualUpBlock(in_dim, out_dim, blocks, level.temporal, level.resample, conv=conv)
                 )
-                continue
-            if i > 0:
-                in_dim = in_dim // 2  # the previous block's upsampler halved the channels
-            mode = ("upsample3d" if temporal else "upsample2d") if up_flag else None
-            self.up_blocks.append(WanUpBlock(in_dim, out_dim, config.num_res_blocks, mode, conv=conv))
+            else:
+                mode = ("upsample3d" if level.temporal else "upsample2d") if level.resample else None
+                self.up_blocks.append(WanUpBlock(in_dim, out_dim, blocks, mode, conv=conv))
         self.norm_out = WanRMS_norm(out_dim, images=False)
         self.conv_out = conv(out_dim, config.out_channels, 3, padding=1)
 
@@ -385,7 +380,12 @@ class AutoencoderKLWan(ChunkedAutoencoder):
         ChunkedAutoencoder.run_chunks)."""
         config = self.config
         expect_video(
-            x, config.video_channels, channels_last=False, what="encode", multiple=config.patch, frames=config.frames
+            x,
+            config.video_channels,
+            channels_last=False,
+            what="encode",
+            multiple=config.encode_multiple,
+            frames=config.frames,
         )
         x = patchify(x, config.patch)
         moments = self.run_chunks("encoder", x, encode_chunks(x.shape[2]), step)

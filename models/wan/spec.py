@@ -29,6 +29,6 @@ WAN = FamilySpec(
     ),
     # Wan 2.2 decodes each latent pixel into 16x16: a smaller latent keeps its validation as quick as 2.1's
     validation_latent_shape=lambda c: (1, c.z_dim, 3, 8 // c.patch, 8 // c.patch),
-    validation_video_shape=lambda c: (1, c.video_channels, 5, 64, 64),
+    validation_sample_shape=lambda c: (1, c.video_channels, 5, 64, 64),
     clamps_output=True,
 )

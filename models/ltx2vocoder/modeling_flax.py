@@ -1,0 +1,296 @@
+"""LTX-2's vocoders (diffusers' `LTX2Vocoder` and `LTX2VocoderWithBWE`) in Flax NNX, channels-last: a mel
+spectrogram (B, T, mel bins, C) to a waveform (B, samples, C), diffusers' arrays with the channel axis moved last.
+
+Read it beside diffusers' `pipelines/ltx2/vocoder.py`: modules carry its names (nnx's `kernel` where PyTorch says
+`weight`). A vocoder is a decoder only (models/common/protocol.py); a spectrogram runs whole, in one step. The
+anti-aliasing filters, the mel filterbank and the STFT bases are buffers loaded from the checkpoint, in PyTorch's
+layout; the resampler's filter is computed (filters.py). Kernels start at zero: the model exists to be filled."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from ..common.inputs import expect_spectrogram
+from ..common.layers_flax import Buffer
+from ..common.steps_flax import run_image
+from ..common.tiling import TilingMixin
+from .config import LTX2VocoderConfig, LTX2VocoderWithBWEConfig
+from .filters import hann_resampler
+
+DIMENSIONS = ("NWC", "WIO", "NWC")
+
+
+def conv1d(in_channels, out_channels, kernel_size, *, dilation=1, bias=True, rngs, param_dtype):
+    """PyTorch's Conv1d with padding "same" (odd kernels: as many zeros each side)."""
+    total = dilation * (kernel_size - 1)
+    return nnx.Conv(
+        in_channels,
+        out_channels,
+        (kernel_size,),
+        padding=((total // 2, total - total // 2),),
+        kernel_dilation=dilation,
+        use_bias=bias,
+        kernel_init=nnx.initializers.zeros,
+        rngs=rngs,
+        param_dtype=param_dtype,
+    )
+
+
+class ConvTranspose1d(nnx.Module):
+    """PyTorch's ConvTranspose1d(stride, padding): its (I, O, k) weight kept as (k, I, O), run as a convolution of
+    the zero-stuffed input with the kernel reversed; output length (L - 1) x stride - 2 x padding + k."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride, padding, *, rngs, param_dtype):
+        self.stride, self.edge = stride, kernel_size - 1 - padding
+        self.kernel = nnx.Param(jnp.zeros((kernel_size, in_channels, out_channels), param_dtype))
+        self.bias = nnx.Param(jnp.zeros((out_channels,), param_dtype))
+
+    def __call__(self, x):
+        y = jax.lax.conv_general_dilated(
+            x, self.kernel[::-1].astype(x.dtype), (1,), [(self.edge, self.edge)], lhs_dilation=(self.stride,),
+            dimension_numbers=DIMENSIONS,
+        )  # fmt: skip
+        return y + self.bias.astype(x.dtype)
+
+
+def depthwise(x, taps, *, stride=1, lhs_dilation=1, padding=(0, 0)):
+    """Every channel of x (B, L, C) through one filter `taps` (K,)."""
+    channels = x.shape[-1]
+    kernel = jnp.broadcast_to(taps.astype(x.dtype)[:, None, None], (taps.shape[0], 1, channels))
+    return jax.lax.conv_general_dilated(
+        x, kernel, (stride,), [padding], lhs_dilation=(lhs_dilation,), dimension_numbers=DIMENSIONS,
+        feature_group_count=channels,
+    )  # fmt: skip
+
+
+def replicate(x, left, right):
+    return jnp.pad(x, ((0, 0), (left, right), (0, 0)), mode="edge")
+
+
+class DownSample1d(nnx.Module):
+    """Low-pass filter then keep every `ratio`-th sample; the filter is a stored buffer (1, 1, K)."""
+
+    def __init__(self, ratio, kernel_size, *, param_dtype):
+        self.ratio, self.pad = ratio, (kernel_size // 2 + kernel_size % 2 - 1, kernel_size // 2)
+        self.filter = Buffer(jnp.zeros((1, 1, kernel_size), param_dtype))
+
+    def __call__(self, x):
+        return depthwise(replicate(x, *self.pad), self.filter[0, 0], stride=self.ratio)
+
+
+def upsample(x, taps, ratio, pad, crop):
+    """Zero-stuffing by `ratio` through the low-pass filter `taps` (PyTorch's depthwise transposed convolution),
+    edges replicated by `pad` first and `crop` (start, end) samples dropped after."""
+    x = replicate(x, pad, pad)
+    k = taps.shape[0]
+    y = ratio * depthwise(x, taps[::-1], lhs_dilation=ratio, padding=(k - 1, k - 1))
+    return y[:, crop[0] : y.shape[1] - crop[1]]
+
+
+class UpSample1d(nnx.Module):
+    """The anti-aliased activations' upsampler: a stored Kaiser filter (1, 1, K)."""
+
+    def __init__(self, ratio, kernel_size, *, param_dtype):
+        self.ratio, self.pad = ratio, kernel_size // ratio - 1
+        self.crop = (
+            self.pad * ratio + (kernel_size - ratio) // 2,
+            self.pad * ratio + (kernel_size - ratio + 1) // 2,
+        )
+        self.filter = Buffer(jnp.zeros((1, 1, kernel_size), param_dtype))
+
+    def __call__(self, x):
+        return upsample(x, self.filter[0, 0], self.ratio, self.pad, self.crop)
+
+
+class SnakeBeta(nnx.Module):
+    """x + sin²(αx)/β per channel, α and β stored as logarithms (β = α where `use_beta` is off: plain Snake)."""
+
+    def __init__(self, channels, use_beta=True, *, param_dtype):
+        self.alpha = nnx.Param(jnp.zeros((channels,), param_dtype))
+        self.beta = nnx.Param(jnp.zeros((channels,), param_dtype)) if use_beta else None
+
+    def __call__(self, x):
+        alpha = jnp.exp(self.alpha[...]).astype(x.dtype)
+        amplitude = jnp.exp(self.beta[...]).astype(x.dtype) if self.beta is not None else alpha
+        return x + (1.0 / (amplitude + 1e-9)) * jnp.sin(x * alpha) ** 2
+
+
+class LeakyReLU(nnx.Module):
+    def __init__(self, negative_slope=0.01):
+        self.negative_slope = negative_slope
+
+    def __call__(self, x):
+        return jax.nn.leaky_relu(x, self.negative_slope)
+
+
+class AntiAliasAct1d(nnx.Module):
+    """An activation at twice the rate: upsampled, activated, low-passed back down."""
+
+    def __init__(self, act, ratio, kernel_size, *, param_dtype):
+        self.upsample = UpSample1d(ratio, kernel_size, param_dtype=param_dtype)
+        self.act = act
+        self.downsample = DownSample1d(ratio, kernel_size, param_dtype=param_dtype)
+
+    def __call__(self, x):
+        return self.downsample(self.act(self.upsample(x)))
+
+
+def activation(config: LTX2VocoderConfig, channels, *, param_dtype):
+    if config.act_fn == "leaky_relu":
+        return LeakyReLU(config.leaky_relu_negative_slope)
+    act = SnakeBeta(channels, config.act_fn == "snakebeta", param_dtype=param_dtype)
+    if config.antialias:
+        return AntiAliasAct1d(act, config.antialias_ratio, config.antialias_kernel_size, param_dtype=param_dtype)
+    return act
+
+
+class ResBlock(nnx.Module):
+    """Pairs of (activation, dilated convolution, activation, convolution), each pair's output added to its input."""
+
+    def __init__(self, config, channels, kernel_size, dilations, *, rngs, param_dtype):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.convs1 = nnx.List([conv1d(channels, channels, kernel_size, dilation=d, **kw) for d in dilations])
+        self.acts1 = nnx.List([activation(config, channels, param_dtype=param_dtype) for _ in dilations])
+        self.convs2 = nnx.List([conv1d(channels, channels, kernel_size, **kw) for _ in dilations])
+        self.acts2 = nnx.List([activation(config, channels, param_dtype=param_dtype) for _ in dilations])
+
+    def __call__(self, x):
+        for act1, conv1, act2, conv2 in zip(self.acts1, self.convs1, self.acts2, self.convs2):
+            x = x + conv2(act2(conv1(act1(x))))
+        return x
+
+
+class LTX2Vocoder(TilingMixin, nnx.Module):
+    """Mel spectrogram to waveform: conv_in, then per upsampler a transposed convolution and the mean of its
+    resblocks, then act_out, conv_out and the final activation."""
+
+    tiling_class = None  # diffusers' class does not tile
+    encoder = quant_conv = post_quant_conv = None  # a decoder only
+
+    def __init__(self, config: LTX2VocoderConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.config = config
+        widths = [config.hidden_channels, *config.resnet_widths()]
+        self.conv_in = conv1d(config.in_channels, config.hidden_channels, 7, **kw)
+        self.upsamplers = nnx.List(
+            [
+                ConvTranspose1d(widths[i], widths[i + 1], k, s, (k - s) // 2, **kw)
+                for i, (s, k) in enumerate(zip(config.upsample_factors, config.upsample_kernel_sizes))
+            ]
+        )
+        self.resnets = nnx.List(
+            [
+                ResBlock(config, width, k, dilations, **kw)
+                for width in widths[1:]
+                for k, dilations in zip(config.resnet_kernel_sizes, config.resnet_dilations)
+            ]
+        )
+        if config.act_fn == "leaky_relu":
+            self.act_out = LeakyReLU()  # PyTorch's default slope (0.01), not the config's: as the original code
+        else:
+            self.act_out = AntiAliasAct1d(
+                SnakeBeta(widths[-1], param_dtype=param_dtype), config.antialias_ratio, config.antialias_kernel_size,
+                param_dtype=param_dtype,
+            )  # fmt: skip
+        self.conv_out = conv1d(widths[-1], config.out_channels, 7, bias=config.final_bias, **kw)
+
+    def generate(self, x):
+        """(B, T, in_channels) -> (B, T x hop, out_channels)."""
+        config, per_level = self.config, len(self.config.resnet_kernel_sizes)
+        x = self.conv_in(x)
+        for i, upsampler in enumerate(self.upsamplers):
+            if config.act_fn == "leaky_relu":
+                x = jax.nn.leaky_relu(x, config.leaky_relu_negative_slope)
+            x = upsampler(x)
+            x = sum(resnet(x) for resnet in self.resnets[i * per_level : (i + 1) * per_level]) / per_level
+        x = self.conv_out(self.act_out(x))
+        if config.final_act_fn == "tanh":
+            return jnp.tanh(x)
+        return jnp.clip(x, -1, 1) if config.final_act_fn == "clamp" else x
+
+    def decoder(self, mel, cache=None):
+        """The part: (B, T, mel bins, C) -> (B, T x hop, out_channels), whole (no cache)."""
+        b, t, bins, c = mel.shape
+        return self.generate(jnp.swapaxes(mel, 2, 3).reshape(b, t, c * bins)), None
+
+    def decode(self, mel, *, mesh=None):
+        """(B, T, mel bins, C) spectrograms, C x mel bins = in_channels -> (B, T x hop, out_channels) waveforms."""
+        expect_spectrogram(mel, self.config.in_channels, channels_last=True, what="decode")
+        return run_image(self, "decoder", mel, mesh)
+
+    def __call__(self, mel, *, mesh=None):
+        return self.decode(mel, mesh=mesh)
+
+
+class CausalSTFT(nnx.Module):
+    """The magnitudes of a causal STFT, a strided convolution over the stored bases (2F, 1, L); `inverse_basis` is
+    carried as the checkpoint holds it."""
+
+    def __init__(self, filter_length, hop_length, window_length, *, param_dtype):
+        self.hop_length, self.left_pad = hop_length, max(0, window_length - hop_length)
+        freqs = filter_length // 2 + 1
+        self.forward_basis = Buffer(jnp.zeros((freqs * 2, 1, filter_length), param_dtype))
+        self.inverse_basis = Buffer(jnp.zeros((freqs * 2, 1, filter_length), param_dtype))
+
+    def __call__(self, waveform):
+        """(N, L) -> (N, frames, F)."""
+        x = jnp.pad(waveform, ((0, 0), (self.left_pad, 0)))[..., None]
+        basis = jnp.transpose(self.forward_basis[...], (2, 1, 0)).astype(x.dtype)
+        spec = jax.lax.conv_general_dilated(x, basis, (self.hop_length,), [(0, 0)], dimension_numbers=DIMENSIONS)
+        real, imag = jnp.split(spec, 2, axis=-1)
+        return jnp.sqrt(real**2 + imag**2)
+
+
+class MelSTFT(nnx.Module):
+    """log(max(mel_basis @ |STFT|, 1e-5)), the stored filterbank (mel bins, F)."""
+
+    def __init__(self, config: LTX2VocoderWithBWEConfig, *, param_dtype):
+        self.stft_fn = CausalSTFT(
+            config.filter_length, config.hop_length, config.window_length, param_dtype=param_dtype
+        )
+        self.mel_basis = Buffer(jnp.zeros((config.num_mel_channels, config.filter_length // 2 + 1), param_dtype))
+
+    def __call__(self, waveform):
+        """(N, L) -> (N, frames, mel bins)."""
+        magnitude = self.stft_fn(waveform)
+        mel = jnp.einsum("ntf,mf->ntm", magnitude, self.mel_basis[...].astype(magnitude.dtype))
+        return jnp.log(jnp.maximum(mel, 1e-5))
+
+
+class LTX2VocoderWithBWE(TilingMixin, nnx.Module):
+    """A vocoder at the input sampling rate, then a bandwidth extender: a second vocoder of that waveform's mel
+    spectrogram, added to the waveform resampled to the output rate, clamped to [-1, 1]."""
+
+    tiling_class = None
+    encoder = quant_conv = post_quant_conv = None
+
+    def __init__(self, config: LTX2VocoderWithBWEConfig, *, rngs: nnx.Rngs, param_dtype=jnp.float32):
+        kw = dict(rngs=rngs, param_dtype=param_dtype)
+        self.config = config
+        self.vocoder = LTX2Vocoder(config.vocoder, **kw)
+        self.bwe_generator = LTX2Vocoder(config.bwe, **kw)
+        self.mel_stft = MelSTFT(config, param_dtype=param_dtype)
+
+    def decoder(self, mel, cache=None):
+        """The part: (B, T, mel bins, C) -> (B, T x hop, out_channels), whole (no cache)."""
+        x, _ = self.vocoder.decoder(mel)
+        batch, samples, channels = x.shape
+        x = jnp.pad(x, ((0, 0), (0, -samples % self.config.hop_length), (0, 0)))  # whole mel frames
+        waveforms = jnp.swapaxes(x, 1, 2).reshape(batch * channels, -1)
+        mel = self.mel_stft(waveforms).reshape(batch, channels, -1, self.config.num_mel_channels)
+        mel = jnp.transpose(mel, (0, 2, 1, 3)).reshape(batch, mel.shape[2], -1)  # (B, frames, C x mel bins)
+        # the resampler's filter is computed, as diffusers' non-persistent buffer
+        taps, pad, *crop = hann_resampler(self.config.resample_ratio)
+        skip = upsample(x, jnp.asarray(taps), self.config.resample_ratio, pad, crop)
+        waveform = jnp.clip(self.bwe_generator.generate(mel) + skip, -1, 1)
+        return waveform[:, : samples * self.config.resample_ratio], None
+
+    def decode(self, mel, *, mesh=None):
+        """(B, T, mel bins, C) spectrograms, C x mel bins = in_channels -> (B, T x hop, out_channels) waveforms at
+        the output sampling rate."""
+        expect_spectrogram(mel, self.config.in_channels, channels_last=True, what="decode")
+        return run_image(self, "decoder", mel, mesh)
+
+    __call__ = LTX2Vocoder.__call__

@@ -1,0 +1,112 @@
+"""What every family keeps, written once over the registry (a family registered at runtime is tested too):
+diffusers' `from_pretrained` reads its torchax output as the very model it converted; a checkpoint of it named as
+any other family is refused with the command that converts it (with its config.json, and as a weights file alone);
+its models check their inputs' rank, channels, batch and frames, in both targets."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import converter
+from converter import validate
+from converter.registry import FAMILIES, first_model, get_model
+from converter.targets import diffusers_shapes
+from tests.helpers import decode_inputs, diffusers_decode, fails, per_family, run_in_process
+
+
+@pytest.mark.parametrize("family", per_family())
+def test_diffusers_reads_the_torchax_output(default_arch, family):
+    converted = default_arch(family)
+    read = family.diffusers_class().from_pretrained(converted.outputs["torchax"]).eval()
+    reference = converted.reference.state_dict()
+    assert read.state_dict().keys() == reference.keys()
+    assert all(torch.equal(read.state_dict()[k], v) for k, v in reference.items())
+    config = family.config_class.from_dict(dict(converted.reference.config))
+    z = torch.randn(family.validation_latent_shape(config), generator=torch.Generator().manual_seed(0))
+    _, inputs = decode_inputs(family, dict(converted.reference.config))
+    with torch.no_grad():
+        assert torch.equal(diffusers_decode(read, z, **inputs), diffusers_decode(converted.reference, z, **inputs))
+
+
+def _small(family) -> dict:
+    return family.testing().small_configs["default-arch"]
+
+
+@functools.cache
+def _keys_of(model: str, component: str | None = None) -> set[str]:
+    """The diffusers keys of the named model's family at its default small widths."""
+    family = get_model(model, component).family
+    return diffusers_shapes(family, family.config_class.from_dict(_small(family))).keys()
+
+
+def _named_as(held: str) -> list[str]:
+    """The families a checkpoint of `held` is tried under: those whose keys it shares some of (where detection could
+    be fooled), or, where it shares none, the first other family (its config.json still names its class)."""
+    keys = _keys_of(first_model(FAMILIES[held]).qualified)
+    sharing = [named for named in FAMILIES if named != held and keys & _keys_of(first_model(FAMILIES[named]).qualified)]
+    return sharing or [next(named for named in FAMILIES if named != held)]
+
+
+PAIRS = [
+    pytest.param(held, named, id=f"{held}-as-{named}", marks=[pytest.mark.family(held), pytest.mark.family(named)])
+    for held in FAMILIES
+    for named in _named_as(held)
+]
+
+
+@pytest.mark.parametrize(("held", "named"), PAIRS)
+def test_a_checkpoint_named_as_another_family_is_refused_with_its_command(default_arch, tmp_path, held, named):
+    """Its config.json names its class: refused, with the command for its variant. Its weights file alone: its keys
+    decide, refused with a command that converts those keys, unless the named family's own checkpoints have the very
+    same keys (Wan's and Qwen-Image's: a file alone cannot say which it is)."""
+    converted, other = default_arch(FAMILIES[held]), FAMILIES[named]
+    out, name = tmp_path / "out", first_model(other).qualified
+    command = get_model(converted.name).command
+    args = ["--to", "flax", "--out", out, "--dry-run"]
+    fails([name, "--source", converted.source, *args], 3, f"`{command}`", out=out, in_process=True)
+    bare = tmp_path / "alone" / "vae.safetensors"
+    bare.parent.mkdir()
+    shutil.copy(converted.source / "diffusion_pytorch_model.safetensors", bare)
+    keys = converted.reference.state_dict().keys()
+    if set(keys) == _keys_of(name):  # a file alone cannot say which of the two it is: converted, or bad input
+        assert run_in_process(name, "--source", bare, *args).returncode in (0, 3)
+        return
+    error = fails([name, "--source", bare, *args], 3, "`vae-convert ", out=out, in_process=True)
+    told = error.split("`vae-convert ")[1].split("`")[0]  # NAME, or NAME --component COMPONENT
+    told_name, _, told_component = told.partition(" --component ")
+    assert f"vae-convert {told}" == command or _keys_of(told_name, told_component or None) == set(keys), error
+
+
+def _zeros(target: str, shape) -> object:
+    return np.zeros(shape, np.float32) if target == "flax" else torch.zeros(shape)
+
+
+def _wrong(shape: tuple, frame_axis: bool) -> dict[str, tuple]:
+    """Channels-first inputs a model must refuse, by what is wrong with them."""
+    wrong = {"rank": shape[:-1], "channels": (shape[0], shape[1] + 1, *shape[2:]), "batch": (0, *shape[1:])}
+    if frame_axis:
+        wrong["frames"] = (*shape[:2], 0, *shape[3:])
+    return wrong
+
+
+@pytest.mark.parametrize("family", per_family())
+def test_every_model_checks_its_inputs(default_arch, family):
+    """Each part a model has, given a channels-first input of the wrong rank, channels, batch or frames (in Flax
+    moved channels-last), raises one ValueError saying what it expected, before any layer runs."""
+    converted = default_arch(family)
+    config = family.config_class.from_dict(dict(converted.reference.config))
+    inputs = validate.validation_shapes(family, config)
+    shapes = {"decode": inputs["latent"], **({"encode": inputs["sample"]} if "sample" in inputs else {})}
+    for target, folder in converted.outputs.items():
+        model = converter.load(folder)
+        for call in shapes:
+            for what, shape in _wrong(shapes[call], family.frame_axis).items():
+                layout = shape if target != "flax" or what == "rank" else (shape[0], *shape[2:], shape[1])
+                with pytest.raises(ValueError, match=f"^{call}: ") as caught:
+                    getattr(model, call)(_zeros(target, layout))
+                assert "got shape" in str(caught.value) or "expected" in str(caught.value), (target, what)
