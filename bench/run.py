@@ -57,7 +57,7 @@ def cases(smoke: bool, names: list[str] | None = None) -> dict:
 # -- measurements, each run in its own process via `python -m bench.run --task ...` --------------------------
 
 
-def _rss_mb(field: str) -> float:
+def rss_mb(field: str) -> float:
     """VmRSS (now) or VmHWM (peak so far) of this process, in MB."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(field + ":"):
@@ -65,7 +65,7 @@ def _rss_mb(field: str) -> float:
     return float("nan")
 
 
-def _import_everything():
+def import_everything():
     """Everything a conversion imports, before the memory baseline is taken."""
     import flax.nnx  # noqa: F401
     import jax  # noqa: F401
@@ -84,8 +84,8 @@ def task_convert(source: str, out: str, model: str, target: str) -> dict:
     from converter.registry import get_model
     from converter.targets import TARGETS
 
-    _import_everything()
-    baseline = _rss_mb("VmRSS")
+    import_everything()
+    baseline = rss_mb("VmRSS")
     started = time.perf_counter()
     convert(
         Request(
@@ -98,7 +98,7 @@ def task_convert(source: str, out: str, model: str, target: str) -> dict:
             validate=False,
         )
     )
-    return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": _rss_mb("VmHWM") - baseline}
+    return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": rss_mb("VmHWM") - baseline}
 
 
 def task_naive(source: str, out: str, model: str) -> dict:
@@ -112,8 +112,8 @@ def task_naive(source: str, out: str, model: str) -> dict:
 
     family = get_model(model).family
     rules = mapping.load_mapping(mapping.MAPPINGS_DIR / family.mapping_file).rules("flax")
-    _import_everything()
-    baseline = _rss_mb("VmRSS")
+    import_everything()
+    baseline = rss_mb("VmRSS")
     started = time.perf_counter()
     weights = SafetensorsFile(Path(source) / "diffusion_pytorch_model.safetensors")
     loaded = {k: np.array(weights[k]) for k in weights.keys()}
@@ -123,7 +123,7 @@ def task_naive(source: str, out: str, model: str) -> dict:
         converted[rule.target_key(match)] = np.ascontiguousarray(mapping.apply_ops(rule.ops, array))
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(Path(out) / targets.TARGETS["flax"].weight_files["orbax"], mapping.nested(converted))
-    return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": _rss_mb("VmHWM") - baseline}
+    return {"seconds": time.perf_counter() - started, "peak_above_baseline_mb": rss_mb("VmHWM") - baseline}
 
 
 # the naive conversion as a user would write it, run as a whole process (imports included): only what it needs
@@ -178,7 +178,7 @@ def task_load(path: str, how: str) -> dict:
     import converter
     from converter.output import collection_paused, read_output
 
-    _import_everything()  # the model code too, as diffusers' class is imported before its from_pretrained
+    import_everything()  # the model code too, as diffusers' class is imported before its from_pretrained
 
     def ready(model):  # a Flax model is a pytree of its arrays
         return model if hasattr(model, "parameters") else jax.block_until_ready(model)
