@@ -14,8 +14,8 @@ from pathlib import Path
 
 import click
 
-from converter.errors import ConvertError, MappingError
-from converter.registry import COMPONENT_MODELS, FAMILIES, MODELS, config_from_dict, get_model
+from converter.errors import ConvertError, MappingError, UsageError
+from converter.registry import COMPONENT_MODELS, FAMILIES, MODELS, config_from_dict, get_model, get_models
 from converter.targets import TARGETS
 
 FORMAT_NAMES = tuple(dict.fromkeys(fmt for target in TARGETS.values() for fmt in target.formats))
@@ -73,8 +73,8 @@ def cli():
 @click.option(
     "--component",
     metavar="NAME",
-    help="The pipeline component to convert: vae (default), audio_vae, vocoder (`vae-convert list` shows a model's; "
-    "MODEL:NAME says the same).",
+    help="The pipeline component to convert: vae (default), audio_vae, vocoder, or all (each one the model has, into "
+    "OUT/<component>/, all or nothing); `vae-convert list` shows a model's; MODEL:NAME says the same.",
 )
 @click.option(
     "--source",
@@ -156,36 +156,45 @@ def convert(
     commit_message,
     verbose,
 ):
-    """Convert MODEL's VAE (names: `vae-convert list`) to --to's weights at --out."""
+    """Convert MODEL's VAE (names: `vae-convert list`), or another of its pipeline components, to --to's weights at
+    --out."""
 
-    def request():
+    entries = _guarded(lambda: get_models(model, component), verbose)
+    if len(entries) > 1:
+        given = {"--source-format": source_format, "--config": config_file, "--mapping": mapping_file}
+        _guarded(lambda: _refuse_per_component_options(given, push_to_hub), verbose)
+
+    def requests():
         from converter.pipeline import Request
 
-        return Request(
-            model=get_model(model, component),
-            target=TARGETS[target],
-            out=out,
-            source=source,
-            revision=revision,
-            offline=offline,
-            fmt=fmt,
-            dtype=dtype,
-            force=force,
-            validate=not skip_validation,
-            preview=not no_preview,
-            mapping_file=mapping_file,
-            source_format=source_format,
-            config_file=config_file,
-            allow_nonfinite=allow_nonfinite,
-            keep_invalid=keep_invalid,
-            say=_say,
-            progress=_progress,
-        )
+        return [
+            Request(
+                model=entry,
+                target=TARGETS[target],
+                out=out if len(entries) == 1 else out / entry.component,
+                source=source,
+                revision=revision,
+                offline=offline,
+                fmt=fmt,
+                dtype=dtype,
+                force=force,
+                validate=not skip_validation,
+                preview=not no_preview,
+                mapping_file=mapping_file,
+                source_format=source_format,
+                config_file=config_file,
+                allow_nonfinite=allow_nonfinite,
+                keep_invalid=keep_invalid,
+                say=_say,
+                progress=_progress,
+            )
+            for entry in entries
+        ]
 
     if dry_run:
         from converter.pipeline import dry_run as plan
 
-        lines = _guarded(lambda: plan(request()), verbose)
+        lines = _guarded(lambda: "\n".join(plan(r) for r in requests()), verbose)
         if push_to_hub:
             lines += f"\nthen publish to https://huggingface.co/{push_to_hub}"
         click.echo(lines)
@@ -195,12 +204,21 @@ def convert(
         from converter.publish import check_write_access
 
         _guarded(lambda: check_write_access(push_to_hub), verbose)
-    from converter.pipeline import convert as run
+    from converter.pipeline import convert_components
 
-    summary = _guarded(lambda: run(request()), verbose)
-    click.echo(_summary_line(model, summary))
+    summaries = _guarded(lambda: convert_components(requests(), out, force, _say), verbose)
+    for summary, entry in zip(summaries, entries, strict=True):
+        click.echo(_summary_line(entry.qualified if len(summaries) > 1 else model, summary))
     if push_to_hub:
-        _publish(summary.out, push_to_hub, private, push_revision, create_pr, commit_message, verbose)
+        _publish(out, push_to_hub, private, push_revision, create_pr, commit_message, verbose)
+
+
+def _refuse_per_component_options(given: dict, push_to_hub: str | None):
+    named = [option for option, value in given.items() if value]
+    if named:
+        raise UsageError(f"{', '.join(named)} describe one component's source; not with --component all")
+    if push_to_hub:
+        raise UsageError("--push-to-hub publishes one output; publish each OUT/<component> (`vae-convert publish`)")
 
 
 @cli.command()
@@ -282,13 +300,21 @@ def _publish(out, repo_id, private, revision, create_pr, commit_message, verbose
 @click.argument("out", type=click.Path(path_type=Path), metavar="DIR")
 @click.option("--json", "as_json", is_flag=True, help="The manifest (vae_convert.json) as JSON on stdout.")
 def info(out, as_json):
-    """What a converted output DIR holds: model, target, dtype, source, mapping, tool and its validation."""
+    """What a converted output DIR holds: model, target, dtype, source, mapping, tool and its validation (for each
+    component, where DIR holds the outputs of --component all)."""
     import json
 
-    from converter.output import read_manifest
+    from converter.output import component_outputs, read_manifest
 
-    manifest = _guarded(lambda: read_manifest(out.expanduser().absolute()), False)
-    click.echo(json.dumps(manifest, indent=2) if as_json else _describe_output(manifest))
+    folder = out.expanduser().absolute()
+    parts = {p.name: p for p in component_outputs(folder)} or {None: folder}
+    manifests = {name: _guarded(lambda p=path: read_manifest(p), False) for name, path in parts.items()}
+    if as_json:
+        click.echo(json.dumps(manifests[None] if None in manifests else manifests, indent=2))
+        return
+    click.echo(
+        "\n\n".join((f"{name}/\n" if name else "") + _describe_output(manifest) for name, manifest in manifests.items())
+    )
 
 
 def _describe_output(manifest: dict) -> str:

@@ -37,7 +37,7 @@ import numpy as np
 from converter import untrusted
 from converter.errors import InputError, OutputError
 from converter.models.common.spec import FamilySpec
-from converter.registry import FAMILIES, config_from_dict
+from converter.registry import COMPONENTS, FAMILIES, config_from_dict
 from converter.targets import DTYPES, TARGETS, Target
 
 MANIFEST = "vae_convert.json"
@@ -140,6 +140,11 @@ def _tool_manifest(path: Path) -> dict:
     """The manifest of a folder vae-convert wrote (its `tool` says so), fields unchecked."""
     where = Path(path) / MANIFEST
     if not os.path.lexists(where):
+        if parts := component_outputs(path):
+            raise InputError(
+                f"{path}: holds one output per pipeline component ({', '.join(p.name for p in parts)}, written by "
+                f"--component all); give one of them, as {parts[0]}"
+            )
         raise InputError(f"{path}: not a vae-convert output ({MANIFEST} is missing)")
     manifest = untrusted.read_json(where, schema=dict)
     if manifest.get("tool") != TOOL:
@@ -165,12 +170,25 @@ def _earlier_sources(source: dict):
 
 
 def is_output(path: Path) -> bool:
-    """Whether vae-convert wrote the folder (so --force may replace it), whole or not."""
+    """Whether vae-convert wrote the folder (so --force may replace it), whole or not, or its components' outputs."""
     try:
         _tool_manifest(path)
     except InputError:
-        return False
+        return bool(component_outputs(path))
     return True
+
+
+def component_outputs(path: Path) -> list[Path]:
+    """The component outputs in a folder `--component all` wrote (OUT/<component>/, the VAE first), or [] where it
+    holds anything else."""
+    path = Path(path)
+    if not path.is_dir() or path.is_symlink() or os.path.lexists(path / MANIFEST):
+        return []
+    entries = {p.name: p for p in path.iterdir()}
+    if not entries or not set(entries) <= set(COMPONENTS):
+        return []
+    parts = [entries[c] for c in COMPONENTS if c in entries]
+    return parts if all(p.is_dir() and not p.is_symlink() and is_output(p) for p in parts) else []
 
 
 def _describe(folder: Path, n: int = 3) -> str:

@@ -339,22 +339,50 @@ def _read_from_shapes(family, shapes: dict, choice: ConfigChoice) -> dict:
 
 
 def convert(req: Request) -> Summary:
+    return convert_components([req], req.out, req.force, req.say)[0]
+
+
+def convert_components(requests: list[Request], out: Path, force: bool, say: Callable[[str], None]) -> list[Summary]:
+    """Converts one request into `out`, or several (a pipeline's components, `--component all`) each into
+    `out/<component>/`, as one transaction: every one converted and validated, or nothing at `out`."""
     started = time.monotonic()
-    folder = OutputFolder(req.out, req.force, say=req.say)
-    if sources.hub_location(req.model, req.source, req.revision) is None:
-        folder.check_not_source([Path(req.source).expanduser()])
+    folder = OutputFolder(out, force, say=say)
+    for req in requests:
+        if sources.hub_location(req.model, req.source, req.revision) is None:
+            folder.check_not_source([Path(req.source).expanduser()])
     folder.check()
-    source = sources.resolve(req.model, req.source, req.revision, req.offline)
-    folder.check_not_source(source.protected)
-    provenance = source.start_hashing()
-    try:
-        return _convert(req, source, folder, provenance, started)
-    except ConvertError:
-        provenance()  # a Hub file that is not the Hub's explains any failure reading it
-        raise
+    resolved = [(req, sources.resolve(req.model, req.source, req.revision, req.offline)) for req in requests]
+    for _, source in resolved:
+        folder.check_not_source(source.protected)
+    whole = len(requests) == 1  # a single component is the output itself
+    with folder as work:
+        written = []
+        for req, source in resolved:
+            place = work if whole else work / req.model.component
+            final = folder.out if whole else folder.out / req.model.component
+            place.mkdir(exist_ok=True)
+            if not whole:
+                say(f"{req.model.component}:")
+            provenance = source.start_hashing()
+            try:
+                written.append(_write_output(req, source, folder, place, final, provenance, started))
+            except ConvertError:
+                provenance()  # a Hub file that is not the Hub's explains any failure reading it
+                raise
+            started = time.monotonic()
+        folder.commit()
+    failed = [
+        f"{failure_message(bad)}; kept at {s.out} because of --keep-invalid"
+        for s in written
+        if (bad := [c for c in s.comparisons if not c.ok])
+    ]
+    if failed:  # only reached with --keep-invalid: the output is kept, marked invalid, and the run still fails
+        raise ValidationError("; ".join(failed))
+    return written
 
 
-def _convert(req: Request, source: sources.Source, folder: OutputFolder, provenance, started: float) -> Summary:
+def _write_output(req, source, folder: OutputFolder, work: Path, out: Path, provenance, started: float) -> Summary:
+    """Converts `req` into `work` (which becomes `out`), validated."""
     family = req.model.family
     plan = make_plan(req, source)
     for line in (plan.format_line(), plan.inferred_line(), plan.ignored_line()):
@@ -363,48 +391,43 @@ def _convert(req: Request, source: sources.Source, folder: OutputFolder, provena
     dtype = choose_dtype(req.dtype, plan.weights, req.say)
     if req.validate:
         validate.ensure_inputs_fit(family, plan.config)
-
-    with folder as work:
-        manifest = new_manifest(
-            family=family.name,
-            model=req.model.name,
-            **({"component": req.model.component} if req.model.component != "vae" else {}),
-            target=req.target.name,
-            format=req.fmt,
-            dtype=dtype.name,
-            mapping={
-                "file": str(req.mapping_file) if req.mapping_file else plan.mapping_path.name,
-                "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest(),
-            },
-        )
-        counts = req.target.integer_leaves(family, plan.config)
-        specs = {
-            a.target_key: (plan.leaf_shapes[a.target_key], counts.get(a.target_key, dtype)) for a in plan.assignments
-        }
-        folder.needed = specs_bytes(specs)
-        recorded = {k: None for k in family.recorded_tensors}
-        nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest, recorded, folder.needed)
-        if family.recorded_tensors:
-            manifest["tensors"] = recorded
-        manifest["source"] = dict(provenance(), format=plan.source_format.name)
-        if plan.inferred:
-            manifest["source"]["config_inferred"] = plan.inferred
-        if plan.dropped:
-            manifest["source"]["dropped"] = plan.dropped
-        if plan.filled:
-            manifest["source"]["filled"] = plan.filled
-        if plan.ignored_config_keys:
-            manifest["config_ignored"] = plan.ignored_config_keys
-        write_json(work / "config.json", plan.config.to_dict())
-        write_json(work / MANIFEST, manifest)
-        comparisons = _validate(req, plan, dtype, work, manifest, folder.out)
-        folder.commit()
-    failed = [c for c in comparisons if not c.ok]
-    if failed:  # only reached with --keep-invalid: the output is kept, marked invalid, and the run still fails
-        raise ValidationError(f"{failure_message(failed)}; kept at {folder.out} because of --keep-invalid")
+    manifest = new_manifest(
+        family=family.name,
+        model=req.model.name,
+        **({"component": req.model.component} if req.model.component != "vae" else {}),
+        target=req.target.name,
+        format=req.fmt,
+        dtype=dtype.name,
+        mapping={
+            "file": str(req.mapping_file) if req.mapping_file else plan.mapping_path.name,
+            "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest(),
+        },
+    )
+    counts = req.target.integer_leaves(family, plan.config)
+    specs = {a.target_key: (plan.leaf_shapes[a.target_key], counts.get(a.target_key, dtype)) for a in plan.assignments}
+    folder.needed = (folder.needed or 0) + specs_bytes(specs)
+    recorded = {k: None for k in family.recorded_tensors}
+    try:
+        nbytes = _write_weights(work, req, plan.assignments, plan.weights, specs, manifest, recorded)
+    except OSError as e:
+        raise cannot_write(folder.out.parent, e, folder.needed) from None
+    if family.recorded_tensors:
+        manifest["tensors"] = recorded
+    manifest["source"] = dict(provenance(), format=plan.source_format.name)
+    if plan.inferred:
+        manifest["source"]["config_inferred"] = plan.inferred
+    if plan.dropped:
+        manifest["source"]["dropped"] = plan.dropped
+    if plan.filled:
+        manifest["source"]["filled"] = plan.filled
+    if plan.ignored_config_keys:
+        manifest["config_ignored"] = plan.ignored_config_keys
+    write_json(work / "config.json", plan.config.to_dict())
+    write_json(work / MANIFEST, manifest)
+    comparisons = _validate(req, plan, dtype, work, manifest, out)
     parameters = sum(int(np.prod(shape)) for shape, _ in specs.values())
     return Summary(
-        folder.out,
+        out,
         req.target.name,
         req.fmt,
         dtype.name,
@@ -444,23 +467,20 @@ def recorded_tensor(array: np.ndarray):
     return {"shape": list(values.shape), "sha256": hashlib.sha256(np.ascontiguousarray(values).tobytes()).hexdigest()}
 
 
-def _write_weights(work, req, assignments, weights, specs, manifest, recorded: dict, needed: int) -> int:
+def _write_weights(work, req, assignments, weights, specs, manifest, recorded: dict) -> int:
     """Writes the mapped weights, and the values of the source tensors `recorded` names into it."""
     metadata = {"vae_convert": manifest}  # what is known before writing; the full manifest is a file
-    try:
-        writer = req.target.open_writer(req.fmt, work, specs, metadata)
-        nbytes = 0
-        for a in req.progress(assignments, "converting"):
-            source = weights[a.source_key]
-            array = mapping.apply_ops(a.rule.ops, source).astype(specs[a.target_key][1], copy=False)
-            ensure_storable(a.source_key, source, array, req.allow_nonfinite)
-            writer.write(a.target_key, array)
-            if a.source_key in recorded:
-                recorded[a.source_key] = recorded_tensor(source)
-            nbytes += array.nbytes
-            del source, array
-            weights.release(a.source_key)
-        writer.close()
-    except OSError as e:
-        raise cannot_write(work.parent, e, needed) from None
+    writer = req.target.open_writer(req.fmt, work, specs, metadata)
+    nbytes = 0
+    for a in req.progress(assignments, "converting"):
+        source = weights[a.source_key]
+        array = mapping.apply_ops(a.rule.ops, source).astype(specs[a.target_key][1], copy=False)
+        ensure_storable(a.source_key, source, array, req.allow_nonfinite)
+        writer.write(a.target_key, array)
+        if a.source_key in recorded:
+            recorded[a.source_key] = recorded_tensor(source)
+        nbytes += array.nbytes
+        del source, array
+        weights.release(a.source_key)
+    writer.close()
     return nbytes

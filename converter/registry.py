@@ -160,6 +160,20 @@ def get_model(name: str, component: str | None = None) -> ModelEntry:
     raise UsageError(f"{name} has no {component} component (its components: {', '.join(has)})")
 
 
+EVERY_COMPONENT = "all"  # --component all: each decode-side component the model has
+
+
+def get_models(name: str, component: str | None = None) -> list[ModelEntry]:
+    """`get_model`'s entry, or with the component `all` the entries of every decode-side component of the model, its
+    VAE first."""
+    base, _, qualified = name.partition(":")
+    if EVERY_COMPONENT not in (qualified, component):
+        return [get_model(name, component)]
+    if qualified and component and qualified != component:
+        raise UsageError(f"{base}:{qualified} and --component {component} name two components; give one")
+    return [get_model(base, c) for c in components_of(base)] or [get_model(base)]
+
+
 def format_model(name: str, families: tuple[str, ...]) -> ModelEntry | None:
     """The entry a mapping file's source format names as its `model`: of the component its families are."""
     component = FAMILIES[families[0]].component if families and families[0] in FAMILIES else "vae"

@@ -305,7 +305,7 @@ def resolve(entry: ModelEntry, source: str | None, revision: str | None, offline
     hub = hub_location(entry, source, revision)
     if hub is not None:
         return _from_hub(*hub, entry.subfolder, offline)
-    return _from_path(Path(source).expanduser().absolute())
+    return _from_path(Path(source).expanduser().absolute(), entry.component)
 
 
 def read_config(path: Path) -> dict:
@@ -313,7 +313,8 @@ def read_config(path: Path) -> dict:
     return untrusted.read_json(path, schema=dict)
 
 
-def _from_path(path: Path) -> Source:
+def _from_path(path: Path, component: str = "vae") -> Source:
+    """The checkpoint at `path`: a file, a component's folder, or a pipeline's folder holding `component`/."""
     if path.is_file():
         if path.name.endswith(".index.json"):
             return Source(_shards(path), _config_beside(path), str(path), config_file=_config_path_beside(path))
@@ -326,7 +327,7 @@ def _from_path(path: Path) -> Source:
         parts = _split_release(path.parent, stem, part, path.suffix)
         files = [path.parent / name for name in parts] if parts else [path]
         return Source(files, _config_beside(path), str(path), config_file=_config_path_beside(path), parts=parts)
-    folder = path / "vae" if not (path / "config.json").exists() and (path / "vae").is_dir() else path
+    folder = path / component if not (path / "config.json").exists() and (path / component).is_dir() else path
     if (folder / INDEX_NAME).exists():
         files = _shards(folder / INDEX_NAME)
     elif (folder / WEIGHTS_NAME).exists():
@@ -337,8 +338,8 @@ def _from_path(path: Path) -> Source:
         return Source([path / name for name in parts], None, str(path), parts=parts)
     else:
         raise InputError(
-            f"{path}: no {WEIGHTS_NAME} (or its index) in this folder or its vae/ subfolder, nor a release split by "
-            f"part (<name>_{'.*, <name>_'.join(SPLIT_PARTS)}.*)"
+            f"{path}: no {WEIGHTS_NAME} (or its index) in this folder or its {component}/ subfolder, nor a release "
+            f"split by part (<name>_{'.*, <name>_'.join(SPLIT_PARTS)}.*)"
         )
     if not (folder / "config.json").exists():
         raise InputError(f"{folder}: config.json is missing beside the weights")
