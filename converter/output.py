@@ -130,7 +130,7 @@ MANIFEST_SCHEMA = {
         "rtol": must(float),
         "ok": must(bool),
         "checks": must([_CHECK]),
-        "preview": {"file": must(str), "max_abs": dict},
+        "preview": {"file": must(str), "max_abs": dict, "sound": str},
         "decode_inputs": {str: (list, float)},  # an array's values, or a number (LTX's noise seed)
     },
 }

@@ -5,6 +5,9 @@ what the converted model does beside the model it was checked against, and where
                    high-contrast stripes), encoded and decoded by each model: rows input, converted, reference,
                    |converted - reference|
   latent decode    the validation's fixed latent decoded by each: rows converted, reference, |converted - reference|
+  waveform         a vocoder's decode of the validation mel spectrogram: each channel's waveform by each model
+                   (the range of the samples under every pixel column), and |converted - reference| under them;
+                   validation.wav beside it is the converted model's, to listen to
 
 Each heat map has its colour scale and its max written beside it; the PNG also carries those maxima as text chunks.
 With random weights the frames are noise, with real weights reconstructions; the heat maps show the conversion
@@ -14,18 +17,20 @@ either way.
 from __future__ import annotations
 
 import dataclasses
-import math
 from pathlib import Path
 
 import numpy as np
 
 FILE_NAME = "validation.png"
+SOUND_FILE_NAME = "validation.wav"
 TILE = 128  # every frame is scaled (nearest neighbour) to fit a TILE x TILE square
 GAP = 4
 LABEL_WIDTH = 150
 TITLE_HEIGHT = 22
 SCALE_HEIGHT = 30  # the colour bar under each heat map row
 MAX_FRAMES = 5
+WAVE_WIDTH = 4 * TILE  # a waveform's plot, its channels one under another in a tile's height
+WAVE_COLOUR = (40, 40, 160)
 CHECK = 8  # the side of the checkerboard squares behind a transparent pixel, in frame pixels
 BACKGROUND = (255, 255, 255)
 # black -> purple -> orange -> light yellow: |Δ| from 0 to the section's max
@@ -101,7 +106,9 @@ def write(path: Path, clip: np.ndarray | None, reconstructions: tuple | None, de
     """Draws validation.png at `path` from channels-first videos (or images, drawn as one-frame videos; waveforms,
     each channel folded into rows of pixels): the test clip, its reconstruction by the converted model and by the
     reference (a model without an encoder has none: clip and reconstructions None), and the validation latent's
-    decode by each (as the report compared them). Returns the heat maps' maxima."""
+    decode by each (as the report compared them); waveforms (B, C, N) as plots. Returns the heat maps' maxima."""
+    if decoded[0].ndim == 3:
+        return _draw_waveforms(path, decoded[0][0], decoded[1][0])
     decoded = tuple(map(_as_video, decoded))
     sections = {}
     frames = 0
@@ -115,15 +122,70 @@ def write(path: Path, clip: np.ndarray | None, reconstructions: tuple | None, de
 
 
 def _as_video(x: np.ndarray) -> np.ndarray:
-    """(B, C, H, W) images as one-frame videos (B, C, 1, H, W); (B, C, N) waveforms as one-frame videos of one
-    channel, each channel's samples in rows of a square's width, the channels one under another; videos as they
-    are."""
-    if x.ndim == 3:
-        batch, channels, samples = x.shape
-        width = math.isqrt(samples - 1) + 1
-        rows = -(-samples // width)
-        return np.pad(x, ((0, 0), (0, 0), (0, rows * width - samples))).reshape(batch, 1, 1, channels * rows, width)
+    """(B, C, H, W) images as one-frame videos (B, C, 1, H, W); videos as they are."""
     return x[:, :, None] if x.ndim == 4 else x
+
+
+def _draw_waveforms(path: Path, got: np.ndarray, expected: np.ndarray) -> dict:
+    """The decode section for (C, N) waveforms in [-1, 1]: rows converted, reference, |difference|."""
+    from PIL import Image, ImageDraw, PngImagePlugin
+
+    image = Image.new("RGB", (LABEL_WIDTH + WAVE_WIDTH + GAP, Layout(0, 0).section_height(3)), BACKGROUND)
+    draw = ImageDraw.Draw(image)
+    with np.errstate(invalid="ignore", over="ignore"):  # a failed validation's NaN or Inf draws as nothing
+        difference = np.abs(got.astype(np.float64) - expected.astype(np.float64))
+        peak = float(difference.max())
+        draw.text((4, 4), "validation mel: decode to a waveform", fill=(0, 0, 0))
+        rows = (("converted", got), ("reference", expected), ("|difference|", difference))
+        for row, (label, wave) in enumerate(rows):
+            top = TITLE_HEIGHT + row * (TILE + GAP)
+            draw.text((4, top + TILE // 2 - 6), label, fill=(0, 0, 0))
+            levels = wave / peak if row == 2 and peak else wave
+            image.paste(Image.fromarray(_plot(levels, heat=row == 2)), (LABEL_WIDTH, top))
+        left, top = LABEL_WIDTH, TITLE_HEIGHT + 3 * (TILE + GAP)
+        bar = heat_colours(np.linspace(0.0, 1.0, 2 * TILE))[None].repeat(10, axis=0)
+        image.paste(Image.fromarray(bar), (left, top))
+        draw.text((left, top + 12), "0", fill=(0, 0, 0))
+        draw.text((left + 2 * TILE - 70, top + 12), f"max {peak:.2e}", fill=(0, 0, 0))
+    text = PngImagePlugin.PngInfo()
+    text.add_text(HEAT_TEXT_KEYS["decode"], repr(peak))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path, pnginfo=text)
+    return {"decode": peak}
+
+
+def _plot(wave: np.ndarray, heat: bool) -> np.ndarray:
+    """(TILE, WAVE_WIDTH, 3) uint8: each channel of `wave` (C, N) in a band of its own, every pixel column spanning
+    the range of the samples it covers: values in [-1, 1] about the band's middle, or (`heat`) levels in [0, 1] up
+    from its bottom, coloured by level."""
+    channels, samples = wave.shape
+    band = TILE // channels
+    starts = np.arange(WAVE_WIDTH) * samples // WAVE_WIDTH  # each column's first sample (repeated where N < width)
+    plot = np.full((TILE, WAVE_WIDTH, 3), BACKGROUND, np.uint8)
+    rows = np.arange(band)[:, None]
+    for channel, values in enumerate(np.nan_to_num(wave, nan=0.0)):
+        low, high = np.minimum.reduceat(values, starts), np.maximum.reduceat(values, starts)
+        if heat:
+            bottom, top = np.full(WAVE_WIDTH, band - 1.0), (1.0 - np.clip(high, 0, 1)) * (band - 1)
+            colours = np.broadcast_to(heat_colours(np.clip(high, 0, 1))[None], (band, WAVE_WIDTH, 3))
+        else:
+            top, bottom = ((1.0 - np.clip(v, -1, 1)) / 2 * (band - 1) for v in (high, low))
+            colours = np.broadcast_to(np.array(WAVE_COLOUR, np.uint8), (band, WAVE_WIDTH, 3))
+        inside = (rows >= np.floor(top)) & (rows <= np.ceil(bottom))
+        plot[channel * band : (channel + 1) * band][inside] = colours[inside]
+    return plot
+
+
+def write_wav(path: Path, waveform: np.ndarray, sample_rate: int):
+    """(C, N) samples in [-1, 1] as a 16-bit PCM WAV file of C channels."""
+    import wave
+
+    pcm = np.rint(np.clip(np.nan_to_num(waveform.astype(np.float64)), -1, 1) * 32767).astype("<i2")
+    with wave.open(str(path), "wb") as file:
+        file.setnchannels(pcm.shape[0])
+        file.setsampwidth(2)
+        file.setframerate(sample_rate)
+        file.writeframes(np.ascontiguousarray(pcm.T).tobytes())
 
 
 def _draw(path: Path, layout: Layout, sections: dict) -> dict:

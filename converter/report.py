@@ -47,6 +47,8 @@ def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> li
     if req.preview:
         maxima = outcome.picture(work / preview.FILE_NAME)
         manifest["validation"]["preview"] = {"file": preview.FILE_NAME, "max_abs": maxima}
+        if outcome.sound(work / preview.SOUND_FILE_NAME):
+            manifest["validation"]["preview"]["sound"] = preview.SOUND_FILE_NAME
     write_json(work / MANIFEST, manifest)
     if outcome.decode_inputs:
         shown = ", ".join(f"{k}={v.tolist()}" for k, v in outcome.decode_inputs.items())
@@ -55,6 +57,8 @@ def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> li
     if req.preview:
         shows = "a test clip encoded and decoded, " if outcome.video is not None else ""
         req.say(f"  picture: {preview.FILE_NAME} ({shows}the validation latent decoded, by both)")
+        if "sound" in manifest["validation"]["preview"]:
+            req.say(f"  sound: {preview.SOUND_FILE_NAME} (the converted model's decode)")
     failed = [c for c in comparisons if not c.ok]
     if failed and not req.keep_invalid:
         raise ValidationError(f"{failure_message(failed)}; nothing written to {out} (--keep-invalid keeps it)")

@@ -231,6 +231,7 @@ class Outcome:
     means: tuple[np.ndarray, np.ndarray] | None  # the video's encoding by each (the first of what encode gives)
     decoded: tuple[np.ndarray, np.ndarray]  # the validation latent decoded by each
     decode_inputs: dict  # the extra inputs both decoded with
+    sample_rate: int | None = None  # a waveform's, for the decode's sound
 
     def picture(self, path) -> dict:
         from converter import preview
@@ -241,6 +242,15 @@ class Outcome:
             else None
         )
         return preview.write(path, self.video, reconstructions, self.decoded)
+
+    def sound(self, path) -> bool:
+        """Writes the converted model's decode as a WAV file where it is a waveform; says whether it did."""
+        from converter import preview
+
+        if self.sample_rate is None:
+            return False
+        preview.write_wav(path, self.decoded[0][0], self.sample_rate)
+        return True
 
 
 def decode_inputs(family, config) -> dict[str, np.ndarray]:
@@ -264,7 +274,8 @@ def compare_runners(family, config, runner, reference) -> Outcome:
     comparisons = [compare(name, outputs["got"][name], outputs["expected"][name]) for name in outputs["expected"]]
     pairs = {name: (outputs["got"][name], outputs["expected"][name]) for name in (*encodings[:1], "decode")}
     means = pairs[encodings[0]] if encodings else None
-    return Outcome(comparisons, (runner, reference), video, means, pairs["decode"], inputs)
+    rate = family.sample_rate(config) if family.sample_rate else None
+    return Outcome(comparisons, (runner, reference), video, means, pairs["decode"], inputs, rate)
 
 
 def run(family, config, runner, source_weights, dtype) -> Outcome:

@@ -4,6 +4,8 @@ and embedded in the model card."""
 
 from __future__ import annotations
 
+import wave
+
 import numpy as np
 import pytest
 from PIL import Image
@@ -111,3 +113,63 @@ def test_frames_larger_than_a_tile_are_shrunk_to_fit_it():
     for side, drawn in ((16, preview.TILE), (256, preview.TILE), (300, preview.TILE)):
         assert max(preview._scaled(Image.new("RGB", (side, side // 2))).size) <= drawn
     assert preview._scaled(Image.new("RGB", (256, 256))).size == (preview.TILE, preview.TILE)
+
+
+# the first family whose decode is a sound (a vocoder)
+SOUNDING = next(f for f in FAMILIES.values() if f.sample_rate is not None)
+
+
+def test_a_waveform_is_drawn_and_written_as_sound(tmp_path):
+    """A vocoder's validation draws each channel's waveform by both models and their difference, whose scale's max is
+    the report's; validation.wav holds the converted decode at the config's sample rate, which diffusers' model
+    gives on the validation mel to within a 16-bit step."""
+    import torch
+
+    from converter.validate import validation_inputs
+    from tests.helpers import save_diffusers, small
+
+    name, config = small(SOUNDING, "default-arch")
+    model = save_diffusers(SOUNDING, tmp_path / "vae", config)
+    out = tmp_path / "out"
+    result = run_cli(name, "--source", tmp_path / "vae", "--to", "torchax", "--out", out)
+    assert "sound: validation.wav" in result.stderr
+    recorded = manifest(out)["validation"]
+    assert recorded["preview"]["sound"] == preview.SOUND_FILE_NAME
+    decode = next(c for c in recorded["checks"] if c["output"] == "decode")
+    image = Image.open(out / preview.FILE_NAME)
+    assert (
+        float(image.text[preview.HEAT_TEXT_KEYS["decode"]])
+        == decode["max_abs"]
+        == recorded["preview"]["max_abs"]["decode"]
+    )
+    parsed = SOUNDING.config_class.from_dict(config)
+    mel, _ = validation_inputs(SOUNDING, parsed)
+    with torch.no_grad():
+        expected = model(torch.from_numpy(mel)).numpy()[0]  # (channels, samples)
+    with wave.open(str(out / preview.SOUND_FILE_NAME)) as sound:
+        assert (sound.getnchannels(), sound.getframerate()) == (expected.shape[0], SOUNDING.sample_rate(parsed))
+        samples = np.frombuffer(sound.readframes(sound.getnframes()), "<i2").reshape(-1, expected.shape[0]).T
+    assert samples.shape == expected.shape and np.abs(expected).max() > 0.01
+    assert np.abs(samples / 32767 - expected).max() <= 1 / 32767 + 1e-4
+
+
+def test_a_waveform_plot_spans_each_column_s_samples(tmp_path):
+    """Each pixel column of a channel's band spans the range of the samples under it; the difference row's hottest
+    column is where the largest difference lies."""
+    samples = preview.WAVE_WIDTH * 3
+    expected = np.zeros((2, samples))
+    expected[1] = np.linspace(-1, 1, samples)  # the second channel a ramp: low at the left, high at the right
+    got = expected.copy()
+    got[0, samples // 4] = 0.5
+    maxima = preview.write(tmp_path / "p.png", None, None, (got[None], expected[None]))
+    assert maxima == {"decode": 0.5}
+    pixels = np.asarray(Image.open(tmp_path / "p.png").convert("RGB"))[:, preview.LABEL_WIDTH :]
+    band = preview.TILE // 2
+    drawn = (pixels == preview.WAVE_COLOUR).all(axis=-1)
+    reference = drawn[preview.TITLE_HEIGHT + preview.TILE + preview.GAP :][:, : preview.WAVE_WIDTH]
+    assert reference[band // 2, 10] and not reference[: band // 2 - 1, 10].any()  # silence: the band's middle
+    ramp = reference[band : 2 * band]
+    assert ramp[-1, 0] and ramp[0, -1] and not ramp[0, 0]  # the ramp rises from the bottom left to the top right
+    heat = pixels[preview.TITLE_HEIGHT + 2 * (preview.TILE + preview.GAP) :][:band, : preview.WAVE_WIDTH]
+    hottest = (heat == preview.heat_colours(np.array(1.0))).all(axis=-1).any(axis=0)
+    assert hottest.nonzero()[0].tolist() == [preview.WAVE_WIDTH // 4]

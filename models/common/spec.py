@@ -87,6 +87,8 @@ class FamilySpec:
     # the diffusers module that defines the class (the tests' oracle and the benchmark's): the package itself for its
     # models, a pipeline's module for a class kept beside its pipeline (LTX-2's vocoders)
     diffusers_module: str = "diffusers"
+    # (config) -> the sample rate in Hz of the waveforms it decodes to (validation.wav); None where it decodes no sound
+    sample_rate: Callable | None = None
 
     @property
     def folder(self) -> str:

@@ -34,6 +34,7 @@ def family(name: str, config_class, testing: str, models: tuple[ModelName, ...])
         clamps_output=True,  # tanh or a clamp: its waveforms lie in [-1, 1]
         component=VOCODER,
         diffusers_module="diffusers.pipelines.ltx2.vocoder",  # beside its pipelines, not among diffusers' models
+        sample_rate=lambda c: c.output_sampling_rate,
     )
 
 
