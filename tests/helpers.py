@@ -168,6 +168,8 @@ def per_family(fast=lambda family: True) -> list:
 def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) -> torch.nn.Module:
     """A diffusers VAE of `family` with every parameter perturbed (norms and biases too, so a mapping that misplaces
     them shows), saved with diffusers' own `save_pretrained`."""
+    from converter.random_checkpoint import keep_inside_the_clamp
+
     torch.manual_seed(seed)
     model = family.diffusers_class()(**config).eval()
     generator = torch.Generator().manual_seed(seed)
@@ -180,11 +182,7 @@ def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) 
                 b.add_(0.1 * torch.randn(b.shape, generator=generator))
             elif name in saved:  # a count (BatchNorm's batches): one no default equals
                 b.add_(torch.randint(1, 1 << 20, b.shape, generator=generator))
-        if family.clamps_output:
-            # keep decoded values inside the [-1, 1] clamp, where a wrong value cannot hide behind saturation
-            for name, weight in model.named_parameters():
-                if name.endswith("conv_out.weight") and not name.startswith("encoder."):
-                    weight.mul_(0.03)
+        keep_inside_the_clamp(model, family)
     model.save_pretrained(path)
     return model
 
