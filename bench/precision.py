@@ -105,7 +105,7 @@ def measure(name: str, size: list[int] | None, work: Path) -> dict:
 
 def markdown(results: dict, machine: str) -> str:
     lines = [
-        f"bfloat16 against float32 (diffusers' float32 model the reference), {machine}",
+        f"bfloat16 against float32 (diffusers' float32 model the reference), {machine.strip()}",
         "",
         "| model | sample | implementation | decode max | decode mean | decode rel. L2 | encode max | encode mean | "
         "encode rel. L2 |",
