@@ -2,7 +2,7 @@
 0.9.0 and the others a family's test data lets in; random weights saved by diffusers): it converts to Flax with every
 key accounted for and the validation decode/encode passes; conversion streams (peak memory above the baseline at most
 the checkpoint's size). The original Wan2.1_VAE.pth at full size converts to torchax as diffusers' own checkpoint,
-reads back in diffusers, validates, and streams too."""
+reads back in diffusers, and streams too."""
 
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def test_full_size_converts_and_validates_and_streams(full_size, tmp_path):
 @pytest.mark.parametrize("full_size", ["wan2.1"], indirect=True)
 def test_full_size_original_wan21_file(full_size, tmp_path):
     """Wan-Video's Wan2.1_VAE.pth layout (keys renamed with the pairings), pickled by torch.save: to torchax it
-    becomes diffusers' own checkpoint, tensor for tensor (the way to normalise an original file), and validates; the
+    becomes diffusers' own checkpoint, tensor for tensor (the way to normalise an original file); the
     pickle is read memory-mapped, so the conversion streams as from safetensors."""
     model_name, source, _ = full_size
     pairing = json.loads((PAIRINGS / "wan2.1-original.json").read_text())["keys"]
@@ -65,8 +65,10 @@ def test_full_size_original_wan21_file(full_size, tmp_path):
     original = tmp_path / "Wan2.1_VAE.pth"
     torch.save({key: state[entry["diffusers"]] for key, entry in pairing.items()}, original)
     out = tmp_path / "torchax"
-    result = _run_cli_measured(model_name, original, out, "--to", "torchax")
-    assert "source format: wan2.1-original" in result.stderr and manifest(out)["validation"]["ok"]
+    # no validation: equality with diffusers' own checkpoint below proves more, and the full-size decode is
+    # test_full_size_converts_and_validates_and_streams's
+    result = _run_cli_measured(model_name, original, out, "--to", "torchax", "--no-validate")
+    assert "source format: wan2.1-original" in result.stderr
     import diffusers
 
     reloaded = diffusers.AutoencoderKLWan.from_pretrained(out).state_dict()
