@@ -744,22 +744,27 @@ def _rate_line(results: dict) -> list[str]:
 
 
 def _share_of_rate(results: dict) -> list[str]:
-    """Each jitted implementation's steady calls against the matrix-multiply rate: the operations XLA counts in
-    the one-device steps of the same input, over the time, as a share of the rate."""
+    """Each implementation's steady calls against the matrix-multiply rate: the operations of the same input counted
+    2 per multiply-add (bench/flops.py), over the time, as a share of the rate; XLA's own count of the one-device
+    steps beside it, which leaves operations out."""
+    from bench.flops import count
+
     if "matmul" not in results:
         return []
     rate, rows = results["matmul"]["gflops"], []
     for model, r in results["models"].items():
-        one = r.get("compile", {}).get("one device")
-        if not one or "shapes" not in r or _channels_first(one["encoder"]["input"]) != r["shapes"]["video"]:
+        if "shapes" not in r or not r.get("run"):
             continue
-        for impl in ("flax", "torchax"):
-            steady = {part: r["run"].get(impl, {}).get(part, {}).get("steady") for part in ("decode", "encode")}
+        gflop = count(model, r["shapes"]["latent"], r["shapes"]["video"], small=results.get("mode") == "smoke")
+        one = r.get("compile", {}).get("one device")
+        same_input = one and _channels_first(one["encoder"]["input"]) == r["shapes"]["video"]
+        for impl, timings in r["run"].items():
             shares = [
-                f"{part} {one[step]['gflop']:.0f} GFLOP in {steady[part]:.2f} s = "
-                f"{one[step]['gflop'] / steady[part] / rate:.0%}"
+                f"{part} {gflop[part]:,.0f} GFLOP"
+                + (f" (XLA counts {one[step]['gflop']:,.0f})" if same_input and impl in ("flax", "torchax") else "")
+                + f" in {timings[part]['steady']:.2f} s = {gflop[part] / timings[part]['steady'] / rate:.0%}"
                 for part, step in (("decode", "decoder"), ("encode", "encoder"))
-                if steady[part]
+                if part in gflop and timings.get(part, {}).get("steady")
             ]
             if shares:
                 rows.append(f"{model} {impl}: {', '.join(shares)}")
@@ -767,7 +772,9 @@ def _share_of_rate(results: dict) -> list[str]:
         return []
     return [
         "",
-        "Steady calls against the matrix-multiply rate (XLA's operation count of the step): " + "; ".join(rows) + ".",
+        "Steady calls against the matrix-multiply rate (operations counted 2 per multiply-add, bench/flops.py): "
+        + "; ".join(rows)
+        + ".",
     ]
 
 

@@ -1,0 +1,104 @@
+"""The rate each implementation's steady decode and encode reach, with the operations counted as the field counts
+them: 2 per multiply-add of the reference model's convolutions, matrix products and attention (PyTorch's
+FlopCounterMode over the project's PyTorch model, diffusers' architecture, run on the meta device: nothing is
+computed). XLA's own count of a compiled step (bench/run.py's GFLOP column) leaves operations out (a Flux.2 decode at
+1024x1024: 6,746 GFLOP by XLA, 10,475 by this count), so rates computed from it understate how busy the CPU is.
+
+    python -m bench.flops                      # every result in bench/results/ with steady timings
+    python -m bench.flops bench/results/sd1.5.json
+
+Each result's steady seconds (the best of its rounds) divided into the count, beside the matrix-multiply rate its run
+measured in the same process tree (the best float32 (2048, 2048) product under XLA): rates of one machine's day are
+not compared with another's. bench/run.py's own tables use the same count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "bench" / "results"
+IMPLEMENTATIONS = ("flax", "torchax", "diffusers")
+
+
+def count(model: str, latent: list[int], video: list[int], small: bool = False) -> dict[str, float]:
+    """GFLOP of one decode of `latent` and one encode of `video` (channels-first) by `model`'s architecture (`small`:
+    at the family's small widths, as the benchmark's smoke mode runs it)."""
+    import numpy as np
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from converter.registry import config_from_dict, get_model, small_config
+    from converter.validate import decode_inputs
+
+    entry = get_model(model)
+    family = entry.family
+    config = config_from_dict(family, {**entry.config, **(small_config(entry) if small else {})})
+    inputs = {name: torch.from_numpy(np.asarray(v)) for name, v in decode_inputs(family, config).items()}
+    counted = {}
+    with torch.device("meta"), torch.no_grad():
+        reference = family.torch_model()(config).eval()
+        calls = {
+            "decode": lambda: reference.decode(torch.zeros(latent), **{k: v.to("meta") for k, v in inputs.items()})
+        }
+        if "encoder" in family.parts:
+            calls["encode"] = lambda: reference.encode(torch.zeros(video))
+        for part, call in calls.items():
+            with FlopCounterMode(display=False) as counter:
+                call()
+            counted[part] = counter.get_total_flops() / 1e9
+    return counted
+
+
+def rates(path: Path) -> list[dict]:
+    """The rows of one result that recorded its shapes and its machine's matrix-multiply rate (earlier results do
+    not say which shapes they timed)."""
+    results = json.loads(path.read_text())
+    rows = []
+    if "matmul" not in results:
+        return rows
+    for model, result in results.get("models", {}).items():
+        steady = {i: result["run"][i] for i in IMPLEMENTATIONS if "steady" in result.get("run", {}).get(i, {}).get(
+            "decode", {})}  # fmt: skip
+        if not steady or "shapes" not in result:
+            continue
+        gflop = count(model, result["shapes"]["latent"], result["shapes"]["video"])
+        rate = results["matmul"]["gflops"]
+        for impl, timings in steady.items():
+            for part, operations in gflop.items():
+                seconds = timings.get(part, {}).get("steady")
+                if seconds:
+                    rows.append(
+                        dict(source=path.name, model=model, impl=impl, part=part, gflop=operations, seconds=seconds,
+                             gflops=operations / seconds, share=operations / seconds / rate, matmul=rate)
+                    )  # fmt: skip
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="*", type=Path)
+    args = parser.parse_args()
+    paths = args.results or sorted(p for p in RESULTS.glob("*.json") if not p.name.startswith("gpu"))
+    rows = [row for path in paths for row in rates(path)]
+    lines = [
+        "Steady decode and encode against the matrix-multiply rate of the same run, operations counted 2 per "
+        "multiply-add (`python -m bench.flops`)",
+        "",
+        "| result | model | implementation | step | GFLOP | steady | GFLOP/s | share of the matmul rate |",
+        "|---|---|---|---|---|---|---|---|",
+        *(
+            f"| {r['source']} | {r['model']} | {r['impl']} | {r['part']} | {r['gflop']:,.0f} | {r['seconds']:.2f} s | "
+            f"{r['gflops']:.0f} | {r['share']:.0%} of {r['matmul']:.0f} |"
+            for r in rows
+        ),
+    ]
+    (RESULTS / "rates.json").write_text(json.dumps(rows, indent=2) + "\n")
+    (RESULTS / "rates.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
