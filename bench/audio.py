@@ -15,23 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from bench import diffusers_class_of, diffusers_decode
+from bench.run import REPO, _cpu, _seconds_of, _vae_convert
+
 LATENT_FRAMES_PER_SECOND = 25  # LTX-2's audio latents: 16 kHz / 160 samples a mel frame / 4 mel frames a latent
 ROUNDS = 3
-
-
-def _seconds(args) -> float:
-    started = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "converter", *map(str, args)], cwd=REPO, check=True, capture_output=True)
-    return time.perf_counter() - started
 
 
 def _chains(outputs: dict, folder: Path) -> dict:
@@ -39,7 +34,6 @@ def _chains(outputs: dict, folder: Path) -> dict:
     import torch
 
     import converter
-    from converter.registry import family_for_class
     from converter.targets import TARGETS
 
     chains = {}
@@ -47,16 +41,12 @@ def _chains(outputs: dict, folder: Path) -> dict:
         audio_vae = TARGETS[target].runner(converter.load(out / "audio_vae"))
         vocoder = TARGETS[target].runner(converter.load(out / "vocoder"))
         chains[target] = lambda z, a=audio_vae, v=vocoder: v.decode(a.decode(z))
-    models = {}
-    for component in ("audio_vae", "vocoder"):
-        config = json.loads((folder / component / "config.json").read_text())
-        family = family_for_class(config["_class_name"])
-        models[component] = family.diffusers_class().from_pretrained(folder / component).eval()
+    models = {c: diffusers_class_of(folder / c).from_pretrained(folder / c).eval() for c in ("audio_vae", "vocoder")}
 
     def diffusers(z):
         with torch.no_grad():
-            mel = models["audio_vae"].decode(torch.from_numpy(z)).sample
-            return models["vocoder"](mel).numpy()
+            mel = diffusers_decode(models["audio_vae"], torch.from_numpy(z))
+            return diffusers_decode(models["vocoder"], mel).numpy()
 
     chains["diffusers"] = diffusers
     return chains
@@ -69,7 +59,7 @@ def measure(model: str, seconds: float, work: Path) -> dict:
     folder = work / "pipeline"
     for entry in entries:
         if entry.component != "vae":  # the audio side only
-            _seconds(["random-checkpoint", entry.qualified, folder / entry.component])
+            _vae_convert("random-checkpoint", entry.qualified, folder / entry.component)
     audio_vae = next(e for e in entries if e.component == "audio_vae")
     config = json.loads((folder / "audio_vae" / "config.json").read_text())
     frames = round(seconds * LATENT_FRAMES_PER_SECOND)
@@ -82,22 +72,10 @@ def measure(model: str, seconds: float, work: Path) -> dict:
     outputs = {}
     for target in ("flax", "torchax"):
         outputs[target] = work / target
+        args = ("--source", folder, "--to", target, "--no-validate")
         result["convert whole process"][target] = sum(
-            _seconds(
-                [
-                    audio_vae.name,
-                    "--component",
-                    component,
-                    "--source",
-                    folder,
-                    "--to",
-                    target,
-                    "--out",
-                    outputs[target] / component,
-                    "--no-validate",
-                ]
-            )  # fmt: skip
-            for component in ("audio_vae", "vocoder")
+            _seconds_of(partial(_vae_convert, audio_vae.name, "--component", c, *args, "--out", outputs[target] / c))
+            for c in ("audio_vae", "vocoder")
         )
     chains = _chains(outputs, folder)
     impls = list(chains)
@@ -139,8 +117,6 @@ def main():
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
-    from bench.run import _cpu
-
     with tempfile.TemporaryDirectory() as work:
         result = measure(args.model, args.seconds, Path(work))
     args.out.mkdir(parents=True, exist_ok=True)

@@ -18,19 +18,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
+from bench import diffusers_class_of, diffusers_decode
+from bench.run import REPO, _cpu, _vae_convert
+
 TARGETS = ("flax", "torchax")
-
-
-def _vae_convert(*args):
-    subprocess.run([sys.executable, "-m", "converter", *map(str, args)], cwd=REPO, check=True, capture_output=True)
 
 
 def _diffusers_calls(model, dtype):
@@ -45,7 +41,7 @@ def _diffusers_calls(model, dtype):
             return call(torch.from_numpy(x).to(dtype)).float().numpy()
 
     def decode(z):
-        return run(z, lambda t: model.decode(t).sample if hasattr(model, "decode") else model(t))
+        return run(z, lambda t: diffusers_decode(model, t))
 
     def encode(x):
         return run(x, lambda t: model.encode(t).latent_dist.mean)
@@ -64,7 +60,7 @@ def measure(name: str, size: list[int] | None, work: Path) -> dict:
     family = entry.family
     source = work / "source"
     _vae_convert("random-checkpoint", entry.qualified, source)
-    reference = family.diffusers_class().from_pretrained(source).eval()
+    reference = diffusers_class_of(source).from_pretrained(source).eval()
     config = family.config_class.from_dict(json.loads((source / "config.json").read_text()))
     sizes = size or list(family.native_size)
     rng = np.random.default_rng(0)
@@ -128,8 +124,6 @@ def main():
     parser.add_argument("--size", type=int, nargs="+", help="the sample's sizes after its channels")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
-    from bench.run import _cpu
-
     results = {}
     for name in args.models:
         with tempfile.TemporaryDirectory() as work:

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import xla_flags_with_devices
+from bench import diffusers_class_of, xla_flags_with_devices
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -184,9 +184,7 @@ def task_load(path: str, how: str) -> dict:
         return model if hasattr(model, "parameters") else jax.block_until_ready(model)
 
     if how == "diffusers":
-        import diffusers
-
-        cls = getattr(diffusers, json.loads((Path(path) / "config.json").read_text())["_class_name"])
+        cls = diffusers_class_of(path)
         started = time.perf_counter()
         cls.from_pretrained(path)
         return {"seconds": time.perf_counter() - started}
@@ -284,9 +282,7 @@ def _calls(impl: str, path: str, latent: list, video: list) -> tuple:
         runner = TARGETS[impl].runner(converter.load(path))
         return (lambda: runner.decode(z, **inputs)), (lambda: runner.encode(x))
     if impl == "diffusers":
-        import diffusers
-
-        model = getattr(diffusers, raw["_class_name"]).from_pretrained(path).eval()
+        model = diffusers_class_of(path).from_pretrained(path).eval()
     else:
         model = converter.load(path)
     # eager PyTorch on the GPU where there is one; numpy in and out, as the jitted runners take and give

@@ -111,12 +111,6 @@ def small(family: FamilySpec, which: str) -> tuple[str, dict]:
     return model_for(family, family.config_class.from_dict(config)).qualified, config
 
 
-def diffusers_decode(model, z, **inputs) -> torch.Tensor:
-    """A diffusers model's decode as its pipelines call it: `decode(z).sample`, or, for a class that is a decoder
-    only (a vocoder), `model(z)`."""
-    return model.decode(z, **inputs).sample if hasattr(model, "decode") else model(z, **inputs)
-
-
 def input_shape(family: FamilySpec, batch: int, channels: int, frames: int, height: int, width: int) -> tuple:
     """A channels-first input's shape for the family's models: (B, C, T, H, W), or, without a frame axis, an
     image's (B, C, H, W) (`frames` unused)."""

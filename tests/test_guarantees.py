@@ -13,10 +13,11 @@ import pytest
 import torch
 
 import converter
+from bench import diffusers_decode
 from converter import validate
 from converter.registry import FAMILIES, first_model, get_model
 from converter.targets import diffusers_shapes
-from tests.helpers import decode_inputs, diffusers_decode, fails, per_family, run_in_process
+from tests.helpers import decode_inputs, fails, per_family, run_in_process
 
 
 @pytest.mark.parametrize("family", per_family())

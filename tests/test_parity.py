@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import converter
+from bench import diffusers_decode
 from converter.models.common.protocol import encoded
 from tests.helpers import (
     converted_by_cli,
     decode_inputs,
-    diffusers_decode,
     family_cases,
     family_params,
     input_shape,
