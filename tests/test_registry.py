@@ -88,8 +88,13 @@ def test_every_family_implements_the_model_protocol(family):
             assert isinstance(implementation, Part)
             is_method = inspect.ismethod(implementation)
             assert signature_problems(implementation if is_method else type(implementation), Part) == []
+    import torch
+
+    with torch.device("meta"):
+        reference = family.diffusers_class()(**family.testing().small_configs["default-arch"])
     for model in (flax_model, torch_model):
-        assert model.tile_plan("decoder") is None  # tiling is off until enabled, as in diffusers
+        # tiling starts as in diffusers' class: off until enabled, or on where the model was released tiled
+        assert (model.tile_plan("decoder") is not None) == getattr(reference, "use_tiling", False)
         if model.tiling_class is None:  # a class diffusers does not tile says so, as diffusers' does
             with pytest.raises(NotImplementedError):
                 model.enable_tiling()

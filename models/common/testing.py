@@ -27,6 +27,8 @@ class TilingCase:
     video: tuple[int, int, int]  # (T, H, W) encoded
     decode_steps: int  # distinct chunk steps of one tile's decode (first chunk, steady chunk)
     targets: tuple[str, ...] = ("flax",)
+    # distinct tile shapes of the decode: inner tiles, last column, last row, corner (1 where every tile is whole)
+    tile_shapes: int = 4
 
 
 @dataclasses.dataclass(frozen=True)

@@ -46,6 +46,14 @@ class TilePlan:
             for i in range(0, height, self.stride[0])
         ]
 
+    def window_shapes(self, height: int, width: int) -> list[tuple[int, int]]:
+        """The (height, width) of each tile's input window over an input of that size, row by row."""
+        return [
+            (min(self.tile[0], height - i), min(self.tile[1], width - j))
+            for i in range(0, height, self.stride[0])
+            for j in range(0, width, self.stride[1])
+        ]
+
     def run(self, run: Callable, x, *, h_axis: int, concat: Callable, as_array: Callable):
         """`run(x)` tile by tile: x is any array with height at `h_axis` and width right after it; `run` maps a window
         to an output tile of the same layout; concat(arrays, axis) and as_array(numpy float64 array, like) are the

@@ -103,6 +103,12 @@ class SplitTilePlan(TilePlan):
         scale = self.ratio if self.decodes else 1
         return all(x.shape[h_axis + a] * scale <= self.sample_tile[a] for a in (0, 1))
 
+    def window_shapes(self, height: int, width: int) -> list[tuple[int, int]]:
+        scale = self.ratio if self.decodes else 1
+        (rows, _), (cols, _) = self.split(height * scale, 0), self.split(width * scale, 1)
+        tile = [t // scale for t in self.sample_tile]
+        return [(min(tile[0], height - i // scale), min(tile[1], width - j // scale)) for i in rows for j in cols]
+
     def run(self, run, x, *, h_axis: int, concat, as_array):
         if self.fits_whole(x, h_axis):
             return run(x)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common.testing import FamilyTesting
+from ..common.testing import FamilyTesting, TilingCase
 
 # diffusers' own test config (convert_minimax_h3_to_diffusers.py's MINIMAX_H3_TEST_VIDEO_VAE_CONFIG) at smaller
 # widths: the release's latent channels, clip geometry and rotary share, two levels, 4x in space and time
@@ -28,8 +28,25 @@ TESTING = FamilyTesting(
     parity_frames=((3, 7, 12, 14), (1, 17, 22, 40)),
     parity_latent_sizes=((3, 5),),
     parity_video_sizes=((12, 20),),
-    tiling={},
+    tiling={
+        # 16-pixel tiles, overlaps of at least 4 (4 latents, at least 1): 24 pixels in 2 rows overlapping by 8, 36
+        # in 3 columns overlapping by 8 and 4 (the spare pixels spread in steps of 4); every tile whole
+        "default-arch": TilingCase(
+            dict(
+                tile_sample_min_height=16,
+                tile_sample_min_width=16,
+                tile_sample_min_overlap_height=4,
+                tile_sample_min_overlap_width=4,
+            ),
+            latent=(7, 6, 9),
+            video=(17, 24, 36),
+            decode_steps=1,
+            targets=("flax", "torchax"),
+            tile_shapes=1,
+        ),
+    },
     meshes={},
     export=("default-arch", "other-config"),
     decode_steps=1,
+    full_size=False,  # 10.4 GB in float32: the benchmark's (bench/), not the suite's
 )
