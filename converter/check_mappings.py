@@ -112,9 +112,7 @@ def _not_invertible(assignments, source: dict, leaves: dict) -> list[str]:
     problems = []
     for a in assignments:
         try:
-            back = mapping.transformed_shape(
-                mapping.inverse_ops(a.rule.ops, source[a.source_key]), leaves[a.target_key]
-            )
+            back = mapping.transformed_shape(mapping.inverse_ops(a.ops, source[a.source_key]), leaves[a.target_key])
         except ValueError as e:
             back = str(e)
         if back != tuple(source[a.source_key]):
@@ -155,7 +153,8 @@ def _check_format(rules, fmt, configs, pairings: list[Path] | None) -> FormatRep
     result = mapping.rename_keys(rules, fmt, source, diffusers, config.to_dict())
     problems = list(result.problems)
     for a in result.assignments:
-        said = listed[a.source_key]["diffusers"]
+        said = listed[a.source_key]["diffusers"]  # a list where the key is split: its parts' keys in order
+        said = said[a.part] if isinstance(said, list) and a.part < len(said) else said
         if a.target_key != said:
             problems.append(f"{a.source_key!r} becomes {a.target_key!r} ({a.rule.where}); the pairings say {said!r}")
     problems += [

@@ -87,7 +87,7 @@ def export(req: ExportRequest) -> Summary:
             for key in req.progress(list(shapes), "exporting"):
                 a = by_key[key]
                 leaf = np.asarray(leaves.pop(a.target_key))
-                layout = mapping.apply_ops(mapping.inverse_ops(a.rule.ops, specs[key][0]), leaf)
+                layout = mapping.apply_ops(mapping.inverse_ops(a.ops, specs[key][0]), leaf)
                 writer.write(key, layout.astype(specs[key][1]))
             writer.close()
         except OSError as e:

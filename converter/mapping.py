@@ -9,7 +9,9 @@ once under `patterns` for rules to use as {name}. A rule is data:
   index:     {group: expression}: the named group's number replaced by an integer expression of it and of the
              config's fields (`len(block_out_channels) - 1 - i`: the LDM decoder's levels counted from the top, at
              any depth); a rule with one renames only with a config (`config` below)
-  transpose / squeeze / reshape: layout changes, applied in the order they are written in the rule
+  transpose / squeeze / reshape / reorder: layout changes, applied in the order they are written in the rule
+  split:     {axis, parts, groups}: one source tensor becomes a tensor per named part, `{part}` in `to` (a fused
+             q/k/v projection, its heads' blocks interleaved: `groups` of them, an expression of the config)
 A list of rules may name a set of rules the file declares once under `rule_sets` (`- use: ldm-shared`), which
 check-mappings reports by set; YAML anchors and aliases are refused, so that what a format holds is what it says.
 
@@ -42,7 +44,7 @@ from converter.models.common.config import shown
 
 # The fields each part of a mapping file may have (docs/mapping-format.md documents each; a test keeps the two equal)
 TOP_FIELDS = {"family", "patterns", "lookups", "rule_sets", "targets", "source_formats"}
-RULE_FIELDS = {"name", "match", "to", "lookup", "index", "transpose", "squeeze", "reshape"}
+RULE_FIELDS = {"name", "match", "to", "lookup", "index", "transpose", "squeeze", "reshape", "reorder", "split"}
 DROP_FIELDS = {"name", "match"}
 USE_FIELDS = {"use"}  # a list entry standing for a rule set
 FORMAT_FIELDS = {
@@ -61,7 +63,9 @@ FORMAT_FIELDS = {
 INT64 = (-(2**63), 2**63 - 1)  # the range of a count diffusers keeps (a filled value must fit it)
 CONFIG_SOURCES = ("metadata", "folder")  # where a format's files keep their config (`config:`), besides none
 CONTAINER_FIELDS = {"wrapper", "optional"}
-LAYOUT_OPS = ("transpose", "squeeze", "reshape")
+LAYOUT_OPS = ("transpose", "squeeze", "reshape", "reorder")
+REORDER_FIELDS = {"axis", "order"}
+SPLIT_FIELDS = {"axis", "parts", "groups"}
 MAPPINGS_DIR = Path(str(importlib.resources.files("converter.mappings")))
 
 
@@ -116,6 +120,15 @@ class IndexExpression:
             raise LookupError(f"index expression {self.text!r} gives {value} for {group} {index}")
         return value
 
+    def of_config(self, config: dict | None) -> int:
+        """The expression's value where it names config fields only (a split's `groups`), at least 1."""
+        if config is None:
+            raise LookupError(f"expression {self.text!r} needs the config")
+        value = self._eval(self.tree, config)
+        if value < 1:
+            raise LookupError(f"expression {self.text!r} gives {value}, not a count")
+        return value
+
     def _eval(self, node, names: dict) -> int:
         if isinstance(node, ast.Constant):
             return node.value
@@ -134,6 +147,16 @@ class IndexExpression:
         return value
 
 
+@dataclasses.dataclass(frozen=True)
+class Split:
+    """One source tensor split along `axis` into a tensor per named part: the axis holds `groups` groups (heads), each
+    one block per part in the order of `parts`; a part's tensor is its block of every group, in group order."""
+
+    axis: int
+    parts: tuple[str, ...]
+    groups: IndexExpression | None  # None: one group (the parts are contiguous thirds, halves...)
+
+
 @dataclasses.dataclass(frozen=True, eq=False)  # eq=False: hashed by identity (lookup tables are dicts)
 class Rule:
     name: str
@@ -144,13 +167,26 @@ class Rule:
     lookups: tuple[tuple[str, str, dict[str, str]], ...] = ()  # (group, table name, table)
     indices: tuple[tuple[str, IndexExpression], ...] = ()  # (group, expression of it and the config)
     rule_set: str | None = None  # the `rule_sets` entry it came from
+    split: Split | None = None  # one source tensor becomes one per part
 
     @property
     def shown_name(self) -> str:
         """Its name in reports: `set/name` for a rule of a rule set."""
         return f"{self.rule_set}/{self.name}" if self.rule_set else self.name
 
-    def target_key(self, match: re.Match, config: dict | None = None) -> str:
+    def targets(self, match: re.Match, config: dict | None = None) -> list[tuple[str, tuple]]:
+        """(key, ops) for each tensor the matched one becomes: the filled `to` and the rule's layout changes; for a
+        split, per part, `{part}` filled and the part taken last."""
+        if self.split is None:
+            return [(self.target_key(match, config), self.ops)]
+        groups = 1 if self.split.groups is None else self.split.groups.of_config(config)
+        count = len(self.split.parts)
+        return [
+            (self.target_key(match, config, part=name), self.ops + (("take", (self.split.axis, count, groups, i)),))
+            for i, name in enumerate(self.split.parts)
+        ]
+
+    def target_key(self, match: re.Match, config: dict | None = None, **extra) -> str:
         """The filled `to` template, index expressions computed with `config` (the config.json fields); raises
         LookupError when a looked-up index is not in its table or an expression cannot be computed."""
         named = match.groupdict()
@@ -160,7 +196,7 @@ class Rule:
             named[group] = table[named[group]]
         for group, expression in self.indices:
             named[group] = str(expression.value(named[group], group, config))
-        return self.to.format(match.group(0), *match.groups(), **named)
+        return self.to.format(match.group(0), *match.groups(), **named, **extra)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -469,30 +505,73 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
         pattern = re.compile(_expand(where, raw["match"], patterns))
     except re.error as e:
         raise MappingError(f"{where}: bad regex {raw['match']!r}: {e}") from None
-    _check_template(where, raw["to"], pattern)
+    split = _split(where, raw.get("split"), tables)
+    _check_template(where, raw["to"], pattern, split)
     lookups = _lookups(where, raw.get("lookup", {}), pattern, tables)
     indices = _indices(where, raw.get("index", {}), pattern, None if tables is None else {g for g, _, _ in lookups})
     ops = []
     for op in (k for k in raw if k in LAYOUT_OPS):
-        value = raw[op]
+        value = _reorder(where, raw[op]) if op == "reorder" else raw[op]
         if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
             raise MappingError(f"{where}: {op} takes a list of integers, got {shown(value)}")
         ops.append((op, tuple(value)))
     name = raw.get("name", raw["match"])
     if not isinstance(name, str):
         raise MappingError(f"{where}: a rule's 'name' must be a string, got {shown(name)}")
-    return Rule(name=name, pattern=pattern, to=raw["to"], ops=tuple(ops), where=where, lookups=lookups, indices=indices)
+    return Rule(
+        name=name, pattern=pattern, to=raw["to"], ops=tuple(ops), where=where, lookups=lookups, indices=indices,
+        split=split,
+    )  # fmt: skip
 
 
-def _check_template(where: str, template: str, pattern: re.Pattern):
-    """A `to` template names the match's groups, `{1}` or `{name}`, and nothing else: it is filled by str.format,
-    which would also run a format spec (`{1:>99999999}`) or reach attributes (`{1.__class__}`)."""
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _reorder(where: str, raw) -> list[int]:
+    """`reorder: {axis, order}` as the op's integers: [axis, *order]."""
+    if not isinstance(raw, dict) or set(raw) - {"__line__"} != REORDER_FIELDS:
+        raise MappingError(f"{where}: reorder takes {{axis: A, order: [...]}}: axis A as len(order) equal blocks")
+    order = raw["order"]
+    if not _is_int(raw["axis"]) or not isinstance(order, list) or sorted(order) != list(range(len(order))):
+        raise MappingError(f"{where}: reorder's order must be a permutation of 0..n-1, got {shown(order)}")
+    return [raw["axis"], *order]
+
+
+def _split(where: str, raw, tables) -> Split | None:
+    if raw is None:
+        return None
+    if tables is None:
+        raise MappingError(f"{where}: 'split' belongs to source-format rules (a fused tensor of a release)")
+    if not isinstance(raw, dict) or not {"axis", "parts"} <= set(raw) - {"__line__"} <= SPLIT_FIELDS:
+        raise MappingError(f"{where}: split takes {{axis: A, parts: [names], groups: expression (optional)}}")
+    parts = raw["parts"]
+    if (
+        not _is_int(raw["axis"])
+        or not isinstance(parts, list)
+        or len(parts) < 2
+        or len(set(parts)) != len(parts)
+        or not all(isinstance(p, str) and re.fullmatch(r"[A-Za-z0-9_]+", p) for p in parts)
+    ):
+        raise MappingError(f"{where}: split's parts are two or more distinct names, got {shown(parts)}")
+    groups = IndexExpression.parse(where, raw["groups"]) if "groups" in raw else None
+    return Split(raw["axis"], tuple(parts), groups)
+
+
+def _check_template(where: str, template: str, pattern: re.Pattern, split: Split | None = None):
+    """A `to` template names the match's groups, `{1}` or `{name}`, and nothing else (a split's, `{part}` too, which
+    it must): it is filled by str.format, which would also run a format spec (`{1:>99999999}`) or reach attributes
+    (`{1.__class__}`)."""
     try:
         parsed = [(field, spec, conversion) for _, field, spec, conversion in string.Formatter().parse(template)]
     except ValueError as e:
         raise MappingError(f"{where}: bad 'to' template {shown(template)}: {e}") from None
     fields = [(field, spec, conversion) for field, spec, conversion in parsed if field is not None]
+    if split is not None and "part" not in [field for field, _, _ in fields]:
+        raise MappingError(f"{where}: a split's 'to' names {{part}}, the part each tensor is")
     for field, _, _ in fields:
+        if split is not None and field == "part":
+            continue
         if not (field.isdigit() and int(field) <= pattern.groups or field in pattern.groupindex):
             raise MappingError(
                 f"{where}: 'to' names {{{field}}}: a template takes the match's groups only, {{0}} to "
@@ -553,6 +632,17 @@ def transformed_shape(ops, shape: tuple[int, ...]) -> tuple[int, ...]:
                 raise ValueError(f"squeeze {list(arg)} needs size-1 axes, shape is {list(shape)}")
             drop = {a % len(shape) for a in arg}
             shape = tuple(d for i, d in enumerate(shape) if i not in drop)
+        elif op == "reorder":
+            axis, blocks = arg[0], len(arg) - 1
+            if not -len(shape) <= axis < len(shape) or shape[axis] % blocks:
+                raise ValueError(f"reorder of {blocks} blocks along axis {axis} does not fit shape {list(shape)}")
+        elif op == "take":
+            axis, count, groups, _ = arg
+            if not -len(shape) <= axis < len(shape) or shape[axis] % (count * groups):
+                raise ValueError(
+                    f"split into {count} parts of {groups} group(s) along axis {axis} does not fit shape {list(shape)}"
+                )
+            shape = tuple(d // count if i == axis % len(shape) else d for i, d in enumerate(shape))
         else:
             shape = _reshaped(shape, arg)
     return shape
@@ -572,6 +662,15 @@ def apply_ops(ops, array: np.ndarray) -> np.ndarray:
             array = array.transpose(arg)
         elif op == "squeeze":
             array = array.squeeze(arg)
+        elif op == "reorder":
+            blocks = np.split(array, len(arg) - 1, axis=arg[0])
+            array = np.concatenate([blocks[i] for i in arg[1:]], axis=arg[0])
+        elif op == "take":
+            axis, count, groups, part = arg
+            axis %= array.ndim
+            grouped = array.reshape(*array.shape[:axis], groups, count, -1, *array.shape[axis + 1 :])
+            array = grouped[(slice(None),) * (axis + 1) + (part,)]
+            array = array.reshape(*array.shape[:axis], -1, *array.shape[axis + 2 :])
         else:
             array = array.reshape(arg)
     return array
@@ -590,6 +689,8 @@ def inverse_ops(ops, source_shape: tuple[int, ...]) -> tuple:
             inverse.append(("transpose", tuple(int(i) for i in np.argsort(arg))))
         elif op in ("squeeze", "reshape"):
             inverse.append(("reshape", before))
+        elif op == "reorder":
+            inverse.append(("reorder", (arg[0], *(int(i) for i in np.argsort(arg[1:])))))
         else:
             raise ValueError(f"{op} cannot be inverted")
     return tuple(inverse)
@@ -600,6 +701,8 @@ class Assignment:
     source_key: str
     target_key: str
     rule: Rule
+    ops: tuple = ()  # the layout changes from the source tensor to the target's: the rule's, and a split's part
+    part: int = 0  # which of a split rule's parts
 
 
 @dataclasses.dataclass
@@ -657,7 +760,7 @@ def renamed_shapes(fmt: SourceFormat, source: dict[str, tuple], config: dict) ->
         if len(found) == 1:
             rule, match = found[0]
             try:
-                out[rule.target_key(match, config)] = transformed_shape(rule.ops, tuple(shape))
+                out.update((k, transformed_shape(ops, tuple(shape))) for k, ops in rule.targets(match, config))
             except (LookupError, ValueError):
                 continue
     return out
@@ -696,34 +799,36 @@ def match_rules(
             dropped[key] = rule
             continue
         try:
-            target_key = rule.target_key(match, config)
+            produced = rule.targets(match, config)
         except LookupError as e:
             unfit.append(f"source key {key!r}: {e.args[0]} ({rule.where})")
             continue
-        if target_key not in target_shapes:
-            unfit.append(
-                f"source key {key!r} maps to {target_key!r} ({rule.where}), which the {receiver} model does not have"
-            )
-            continue
-        if target_key in filled_by:
-            twice.append(
-                f"{'diffusers key' if receiver == 'diffusers' else 'target leaf'} {target_key!r} is filled twice: from "
-                f"{filled_by[target_key]!r} and {key!r} ({rule.where})"
-            )
-            continue
-        filled_by[target_key] = key
-        try:
-            got = transformed_shape(rule.ops, tuple(source[key]))
-        except ValueError as e:
-            unfit.append(f"source key {key!r}: {e} ({rule.where})")
-            continue
-        if got != tuple(target_shapes[target_key]):
-            unfit.append(
-                f"shape mismatch for {key!r} -> {target_key!r}: expected {list(target_shapes[target_key])}"
-                f", got {list(got)} from source {list(source[key])} ({rule.where})"
-            )
-            continue
-        assignments.append(Assignment(key, target_key, rule))
+        for part, (target_key, ops) in enumerate(produced):
+            if target_key not in target_shapes:
+                unfit.append(
+                    f"source key {key!r} maps to {target_key!r} ({rule.where}), which the {receiver} model does not "
+                    "have"
+                )
+                continue
+            if target_key in filled_by:
+                twice.append(
+                    f"{'diffusers key' if receiver == 'diffusers' else 'target leaf'} {target_key!r} is filled twice: "
+                    f"from {filled_by[target_key]!r} and {key!r} ({rule.where})"
+                )
+                continue
+            filled_by[target_key] = key
+            try:
+                got = transformed_shape(ops, tuple(source[key]))
+            except ValueError as e:
+                unfit.append(f"source key {key!r}: {e} ({rule.where})")
+                continue
+            if got != tuple(target_shapes[target_key]):
+                unfit.append(
+                    f"shape mismatch for {key!r} -> {target_key!r}: expected {list(target_shapes[target_key])}"
+                    f", got {list(got)} from source {list(source[key])} ({rule.where})"
+                )
+                continue
+            assignments.append(Assignment(key, target_key, rule, ops, part))
     unfit += [
         f"{receiver} {'key' if receiver == 'diffusers' else 'leaf'} {k!r} is filled by no source key (missing from the "
         f"checkpoint?)"

@@ -474,7 +474,7 @@ def _write_weights(work, req, assignments, weights, specs, manifest, recorded: d
     nbytes = 0
     for a in req.progress(assignments, "converting"):
         source = weights[a.source_key]
-        array = mapping.apply_ops(a.rule.ops, source).astype(specs[a.target_key][1], copy=False)
+        array = mapping.apply_ops(a.ops, source).astype(specs[a.target_key][1], copy=False)
         ensure_storable(a.source_key, source, array, req.allow_nonfinite)
         writer.write(a.target_key, array)
         if a.source_key in recorded:

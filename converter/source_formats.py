@@ -202,7 +202,7 @@ class RenamedWeights:
         self._filled = filled
         self.specs = {
             a.target_key: (
-                mapping.transformed_shape(a.rule.ops, weights.specs[a.source_key][0]),
+                mapping.transformed_shape(a.ops, weights.specs[a.source_key][0]),
                 weights.specs[a.source_key][1],
             )
             for a in assignments
@@ -214,7 +214,7 @@ class RenamedWeights:
             shape, dtype, value = self._filled[key]
             return np.full(shape, value, dtype)
         a = self._by_name[key]
-        return mapping.apply_ops(a.rule.ops, self.source[a.source_key])
+        return mapping.apply_ops(a.ops, self.source[a.source_key])
 
     def release(self, key: str):
         if key not in self._filled:

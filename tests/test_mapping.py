@@ -236,3 +236,71 @@ def test_yaml_anchors_aliases_and_merge_keys_are_refused(tmp_path, text, needle)
     assert text != SHARED
     with pytest.raises(MappingError, match=r"toy\.yaml:\d+: " + re.escape(needle)):
         _mapping(tmp_path, text)
+
+
+FUSED = """
+family: toy
+targets:
+  flax: []
+source_formats:
+  release:
+    signature: [attn.qkv.w]
+    rules:
+      - name: fused
+        match: 'attn\\.qkv\\.(w|b)'
+        to: 'attn.to_{part}.{1}'
+        split: {axis: 0, parts: [q, k, v], groups: heads}
+      - name: swapped
+        match: 'ff\\.w1'
+        to: 'ff.proj'
+        reorder: {axis: 0, order: [1, 0]}
+"""
+
+
+def test_a_split_takes_each_part_s_block_of_every_group_and_a_reorder_puts_blocks_back(tmp_path):
+    """A fused projection stored head by head ([h0: q k v, h1: q k v]) becomes q, k and v; a reorder swaps halves,
+    and its inverse (export's) swaps them back."""
+    import numpy as np
+
+    from converter.mapping import apply_ops, inverse_ops, rename_keys
+
+    rules = _mapping(tmp_path, FUSED)
+    heads, head_dim, width = 2, 3, 4
+    source = {"attn.qkv.w": (heads * 3 * head_dim, width), "attn.qkv.b": (heads * 3 * head_dim,), "ff.w1": (6, 4)}
+    expected = {f"attn.to_{p}.{s}": (heads * head_dim, *shape[1:]) for p in "qkv" for s, shape in
+                (("w", source["attn.qkv.w"]), ("b", source["attn.qkv.b"]))} | {"ff.proj": (6, 4)}  # fmt: skip
+    result = rename_keys(rules, rules.formats["release"], source, expected, {"heads": heads})
+    assert not result.problems, result.problems
+    fused = np.arange(np.prod(source["attn.qkv.w"])).reshape(source["attn.qkv.w"])
+    by_key = {a.target_key: a for a in result.assignments}
+    for index, part in enumerate("qkv"):  # rows of head h's part: h * 3 * head_dim + index * head_dim + (0..2)
+        rows = [h * 3 * head_dim + index * head_dim + r for h in range(heads) for r in range(head_dim)]
+        assert (apply_ops(by_key[f"attn.to_{part}.w"].ops, fused) == fused[rows]).all()
+    halves = np.arange(24).reshape(6, 4)
+    swapped = apply_ops(by_key["ff.proj"].ops, halves)
+    assert (swapped == np.concatenate([halves[3:], halves[:3]])).all()
+    assert (apply_ops(inverse_ops(by_key["ff.proj"].ops, (6, 4)), swapped) == halves).all()
+    # a config whose head count does not divide the rows: the key is unfit, said
+    result = rename_keys(rules, rules.formats["release"], source, expected, {"heads": 4})
+    assert any("split into 3 parts of 4 group(s)" in p for p in result.unfit), result.unfit
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (("to: 'attn.to_{part}.{1}'", "to: 'attn.to.{1}'"), "names {part}"),
+        (("parts: [q, k, v]", "parts: [q]"), "two or more distinct names"),
+        (("order: [1, 0]", "order: [1, 1]"), "permutation"),
+    ],
+)
+def test_a_split_or_reorder_that_cannot_apply_is_refused_when_loading(tmp_path, edit, needle):
+    with pytest.raises(MappingError, match=re.escape(needle)):
+        _mapping(tmp_path, FUSED.replace(*edit))
+
+
+def test_a_split_belongs_to_source_formats(tmp_path):
+    text = RULES.replace("      transpose: [2, 3, 1, 0]", "      split: {axis: 0, parts: [a, b]}").replace(
+        "to: '{1}.kernel'", "to: '{1}.{part}'"
+    )
+    with pytest.raises(MappingError, match="source-format rules"):
+        _mapping(tmp_path, text)

@@ -47,6 +47,7 @@ TESTING = FamilyTesting(
     },
     meshes={},
     export=("default-arch", "other-config"),
+    check_configs=(("minimaxh3-other-config", OTHER_CONFIG),),
     decode_steps=1,
     full_size=False,  # 10.4 GB in float32: the benchmark's (bench/), not the suite's
 )
