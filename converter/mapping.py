@@ -455,7 +455,7 @@ def _signature(where: str, name: str, raw) -> tuple[tuple[str, ...], dict[str, i
     ]
     ranked = {k: v for e in entries if isinstance(e, dict) and len(e) == 1 for k, v in e.items()}
     well_formed = all(isinstance(e, str) or (isinstance(e, dict) and len(e) == 1) for e in entries) and all(
-        isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 8 for k, v in ranked.items()
+        isinstance(k, str) and _is_int(v) and 0 < v <= 8 for k, v in ranked.items()
     )
     if not entries or not well_formed:
         raise MappingError(
@@ -512,7 +512,7 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
     ops = []
     for op in (k for k in raw if k in LAYOUT_OPS):
         value = _reorder(where, raw[op]) if op == "reorder" else raw[op]
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if not isinstance(value, list) or not all(_is_int(v) for v in value):
             raise MappingError(f"{where}: {op} takes a list of integers, got {shown(value)}")
         ops.append((op, tuple(value)))
     name = raw.get("name", raw["match"])
@@ -701,7 +701,7 @@ class Assignment:
     source_key: str
     target_key: str
     rule: Rule
-    ops: tuple = ()  # the layout changes from the source tensor to the target's: the rule's, and a split's part
+    ops: tuple  # the layout changes from the source tensor to the target's: the rule's, and a split's part
     part: int = 0  # which of a split rule's parts
 
 

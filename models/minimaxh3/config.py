@@ -144,10 +144,11 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
         return max(self.tokens_chunk_size - self.token_drop + 1, 1)
 
     def decode_chunks(self, latent_frames: int) -> tuple[int, int]:
-        """(chunks decoded, latent frames repeated at the end to fill the last one), as diffusers' `_decode`."""
+        """(chunks decoded, latent frames repeated at the end to fill the last one), as diffusers' `_decode` (with
+        token_drop at least 1, as its bound has it, the last chunk's tail is the overlap)."""
         tokens = latent_frames + self.token_drop
         pad_tokens = -tokens % self.tokens_chunk_size
-        return (tokens + pad_tokens) // self.tokens_chunk_size - (self.token_drop > 0), pad_tokens
+        return (tokens + pad_tokens) // self.tokens_chunk_size - 1, pad_tokens
 
     def padded_frames(self, latent_frames: int, pad_tokens: int) -> int:
         """The trailing frames the `pad_tokens` repeated latent frames decoded to: a chunk's last latent frame covers
