@@ -21,6 +21,7 @@ from converter.models.ltx.spec import LTX, LTX2
 from converter.models.ltx2audio.spec import LTX2AUDIO
 from converter.models.ltx2vocoder.spec import LTX2VOCODER, LTX2VOCODERBWE
 from converter.models.minimaxh3.spec import MINIMAXH3
+from converter.models.minimaxh3audio.spec import MINIMAXH3AUDIO
 from converter.models.qwenimage.spec import QWENIMAGE
 from converter.models.qwenimage21.spec import QWENIMAGE21
 from converter.models.wan.spec import WAN
@@ -73,7 +74,7 @@ def register(family: FamilySpec) -> None:
 
 FAMILY_SPECS = (
     WAN, COGVIDEOX, QWENIMAGE, QWENIMAGE21, HUNYUANVIDEO, LTX, LTX2, AUTOENCODERKL, FLUX2, AUTOENCODERTINY, LTX2AUDIO,
-    LTX2VOCODER, LTX2VOCODERBWE, MINIMAXH3,
+    LTX2VOCODER, LTX2VOCODERBWE, MINIMAXH3, MINIMAXH3AUDIO,
 )  # fmt: skip
 for _family in FAMILY_SPECS:
     register(_family)

@@ -111,10 +111,10 @@ def small(family: FamilySpec, which: str) -> tuple[str, dict]:
     return model_for(family, family.config_class.from_dict(config)).qualified, config
 
 
-def input_shape(family: FamilySpec, batch: int, channels: int, frames: int, height: int, width: int) -> tuple:
-    """A channels-first input's shape for the family's models: (B, C, T, H, W), or, without a frame axis, an
-    image's (B, C, H, W) (`frames` unused)."""
-    return (batch, channels, frames, height, width) if family.frame_axis else (batch, channels, height, width)
+def input_shape(family: FamilySpec, batch: int, channels: int, frames: int, sizes: tuple[int, ...]) -> tuple:
+    """A channels-first input's shape for the family's models: (B, C, T, *sizes) (a video's sizes: (H, W)), or,
+    without a frame axis, (B, C, *sizes) (an image's (H, W), a waveform's (samples,); `frames` unused)."""
+    return (batch, channels, *([frames] if family.frame_axis else []), *sizes)
 
 
 def family_cases(cases) -> dict:

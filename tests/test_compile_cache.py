@@ -184,17 +184,19 @@ def test_one_compile_per_chunk_shape(default_arch, family):
     # first batch with the remainder, then batches of 2)
     frames = max(family.testing().parity_frames[0])
     vae = converter.load(default_arch(family).outputs["flax"])
-    # a size no other test compiles: taller than any latent the family's testing data decodes, whole or tiled, as
-    # wide as the validation's (a vocoder's mel bins are its config's)
+    # a size no other test compiles: its first size (a video's or an image's height, a sequence's length) longer
+    # than any the family's testing data decodes, whole or tiled, the others the validation's (a vocoder's mel bins
+    # are its config's)
     testing = family.testing()
     validation = family.validation_latent_shape(vae.config)
-    tallest = max(
-        [height for height, _ in testing.parity_latent_sizes]
+    first, *others = validation[3 if family.frame_axis else 2 :]
+    longest = max(
+        [sizes[0] for sizes in testing.parity_latent_sizes]
         + [case.latent[-2] for case in testing.tiling.values()]
-        + [validation[-2]]
+        + [first]
     )
     latent = np.moveaxis(
-        np.zeros(input_shape(family, 1, validation[1], frames, tallest + 1, validation[-1]), np.float32), 1, -1
+        np.zeros(input_shape(family, 1, validation[1], frames, (longest + 1, *others)), np.float32), 1, -1
     )
     before = compiled_steps()
     vae.decode(latent, **decode_inputs(family, config)[0])

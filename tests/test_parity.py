@@ -49,9 +49,9 @@ def test_decode_matches_diffusers(converted):
     channels = family.validation_latent_shape(family.config_class.from_dict(dict(reference.config)))[1]
     inputs, reference_inputs = decode_inputs(family, dict(reference.config))
     testing = family.testing()
-    for frames, (height, width) in itertools.product(testing.parity_frames[0], testing.parity_latent_sizes):
+    for frames, sizes in itertools.product(testing.parity_frames[0], testing.parity_latent_sizes):
         seed = torch.Generator().manual_seed(frames)
-        z = torch.randn(input_shape(family, 1, channels, frames, height, width), generator=seed)
+        z = torch.randn(input_shape(family, 1, channels, frames, sizes), generator=seed)
         with torch.no_grad():
             expected = diffusers_decode(reference, z, **reference_inputs).numpy()
         if family.clamps_output:
@@ -68,8 +68,8 @@ def test_encode_matches_diffusers(converted):
     family, reference, runners = converted
     channels = family.validation_sample_shape(family.config_class.from_dict(dict(reference.config)))[1]
     testing = family.testing()
-    for frames, (height, width) in itertools.product(testing.parity_frames[1], testing.parity_video_sizes):
-        shape = input_shape(family, 1, channels, frames, height, width)
+    for frames, sizes in itertools.product(testing.parity_frames[1], testing.parity_video_sizes):
+        shape = input_shape(family, 1, channels, frames, sizes)
         x = torch.rand(shape, generator=torch.Generator().manual_seed(frames)) * 2 - 1
         with torch.no_grad():
             expected_outputs = [a.numpy() for a in encoded(reference.encode(x))]

@@ -47,3 +47,16 @@ def expect_spectrogram(x, flattened: int, *, channels_last: bool, what: str):
         raise ValueError(f"{what}: expected C x mel bins = {flattened} in {layout}; got shape {tuple(x.shape)}")
     if b < 1 or t < 1:
         raise ValueError(f"{what}: needs at least one spectrogram of one frame; got shape {tuple(x.shape)}")
+
+
+def expect_sequence(x, channels: int, *, channels_last: bool, what: str):
+    """x must be (B, L, C) (channels_last) or (B, C, L): a waveform of `channels` channels, or the latent sequence
+    an audio VAE decodes, at least one sample long."""
+    layout = "(B, L, C), channels-last" if channels_last else "(B, C, L), channels-first"
+    if x.ndim != 3:
+        raise ValueError(f"{what}: expected a 3-d array {layout}; got shape {tuple(x.shape)}")
+    b, length, c = x.shape if channels_last else (x.shape[0], x.shape[2], x.shape[1])
+    if c != channels:
+        raise ValueError(f"{what}: expected {channels} channels in {layout}; got shape {tuple(x.shape)}")
+    if b < 1 or length < 1:
+        raise ValueError(f"{what}: needs at least one sequence of one step; got shape {tuple(x.shape)}")

@@ -184,10 +184,11 @@ def signature_problems(implementation: type, protocol: type) -> list[str]:
 
 def encoded(output) -> tuple:
     """What an encode gave, as a tuple in the order of `FamilySpec.encode_outputs`, whichever model gave it (ours in
-    either framework, or diffusers'): an output's latent distribution's (mean, logvar), or its `latents`; a Flax
-    model's tuple, or its one array."""
-    if hasattr(output, "latent_dist"):
-        return output.latent_dist.mean, output.latent_dist.logvar
+    either framework, or diffusers'): an output's latent distribution's (mean, logvar) (or (mean, logs), where
+    the class keeps a log standard deviation), or its `latents`; a Flax model's tuple, or its one array."""
+    if hasattr(output, "latent_dist"):  # its spread as it stores it: a log-variance, or a log standard deviation
+        dist = output.latent_dist
+        return dist.mean, dist.logvar if hasattr(dist, "logvar") else dist.logs
     if hasattr(output, "latents"):
         return (output.latents,)
     return output if isinstance(output, tuple) else (output,)

@@ -62,9 +62,10 @@ class FamilyTesting:
     original_files: dict[str, OriginalFileCase] = dataclasses.field(default_factory=dict)  # by source format
     # configs `check-mappings` proves the rules against, beside the named models' own
     check_configs: tuple[tuple[str, dict], ...] = ()
-    # (height, width) of the latents the parity tests decode, and of the videos they encode, at each frame count
-    parity_latent_sizes: tuple[tuple[int, int], ...] = ((4, 4),)
-    parity_video_sizes: tuple[tuple[int, int], ...] = ((16, 16),)
+    # the sizes after the channels (and frames) of the latents the parity tests decode, and of the samples they
+    # encode, at each frame count: a video's or an image's (height, width), a waveform's (samples,)
+    parity_latent_sizes: tuple[tuple[int, ...], ...] = ((4, 4),)
+    parity_video_sizes: tuple[tuple[int, ...], ...] = ((16, 16),)
     # distinct steps a decode of the longest parity latent compiles (the first chunk and the steady one; LTX, with no
     # cache and no frame tiles by default, decodes in one)
     decode_steps: int = 2
