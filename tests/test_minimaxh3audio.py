@@ -1,0 +1,89 @@
+"""MiniMax-H3's audio VAE beyond the generic tests (which take its small configs and waveform lengths from
+models/minimaxh3audio/testing.py): the released sizes, stereo as a batch of two as the pipeline runs it, the
+weight-normed convolutions normalised (not their `weight_v` used as it is), and the configs diffusers' class cannot
+run refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+import converter
+from converter.registry import FAMILIES, get_model
+from converter.targets import diffusers_shapes
+from tests.helpers import fails, runner
+
+AUDIO = FAMILIES["minimaxh3audio"]
+
+
+def test_the_released_audio_vae_has_diffusers_sizes():
+    """The released config (151.33 M parameters, 1,087 tensors: 344 weight_g/weight_v pairs and 255 filters among
+    them): both abstract models hold diffusers' tensors (its class on the meta device), every one and no other."""
+    from flax import nnx
+
+    from converter.targets import TARGETS
+
+    entry = get_model("minimax-h3", "audio_vae")
+    config = entry.family.config_class.from_dict(entry.config)
+    with torch.device("meta"):
+        reference = entry.family.diffusers_class()(**entry.config).state_dict()
+    assert diffusers_shapes(entry.family, config) == {k: tuple(v.shape) for k, v in reference.items()}
+    flax_model = TARGETS["flax"].empty_model(entry.family, config, np.float32).model
+    leaves = [leaf for _, leaf in nnx.to_flat_state(nnx.state(flax_model))]
+    assert len(leaves) == len(reference)
+    assert sum(int(np.prod(leaf.shape)) for leaf in leaves) == sum(v.numel() for v in reference.values())
+
+
+def test_stereo_runs_as_a_batch_of_two(default_arch):
+    """The pipeline's stereo: two mono waveforms as a batch, encoded and decoded as diffusers does, both targets;
+    the two channels stay apart (the causal attention runs along each, never across the batch)."""
+    converted = default_arch(AUDIO)
+    waveform = torch.rand(2, 1, 200, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    with torch.no_grad():
+        mean = converted.reference.encode(waveform).latent_dist.mean
+        expected = converted.reference.decode(mean).sample.numpy()
+    for target, out in converted.outputs.items():
+        drive = runner(target, converter.load(out))
+        got_mean, _ = drive.encode(waveform.numpy())
+        assert np.abs(got_mean - mean.numpy()).max() <= 1e-4, target
+        assert np.abs(drive.decode(mean.numpy()) - expected).max() <= 1e-4, target
+        alone, _ = drive.encode(waveform[1:].numpy())
+        assert np.abs(alone[0] - got_mean[1]).max() <= 1e-5, target
+
+
+def test_weight_norm_is_applied_not_its_direction_alone(default_arch):
+    """Scaling a convolution's `weight_v` leaves the waveform as it is (its norm is divided out); scaling its
+    `weight_g` changes it."""
+    converted = default_arch(AUDIO)
+    vae = converter.load(converted.outputs["flax"])
+    z = np.random.default_rng(0).standard_normal((1, 8, 3)).astype(np.float32)
+    before = runner("flax", vae).decode(z)
+    conv = vae.decoder.conv_pre
+    conv.weight_v[...] = conv.weight_v[...] * 3.0
+    assert np.abs(runner("flax", vae).decode(z) - before).max() <= 1e-5
+    conv.weight_g[...] = conv.weight_g[...] * 3.0
+    assert np.abs(runner("flax", vae).decode(z) - before).max() > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        (dict(decoder_rates=[5, 2, 2, 1]), "decoder_rates must upsample by the encoder's hop (40)"),
+        (dict(resblock_kernel_sizes=[3, 4, 7]), "resblock_kernel_sizes must be odd"),
+        (dict(num_attention_heads=5), "multiple of num_attention_heads"),
+    ],
+)
+def test_configs_diffusers_cannot_run_are_refused(default_arch, tmp_path, change, needle):
+    """A decoder that does not undo the encoder's hop (diffusers refuses it too), an AMP block whose convolution
+    shortens its input (diffusers fails adding them) or heads that do not split the width: exit 3, one line."""
+    converted = default_arch(AUDIO)
+    source = tmp_path / "audio_vae"
+    shutil.copytree(converted.source, source)
+    config = json.loads((source / "config.json").read_text())
+    (source / "config.json").write_text(json.dumps({**config, **change}))
+    out = tmp_path / "out"
+    fails([converted.name, "--source", source, "--to", "flax", "--out", out], 3, needle, out=out, in_process=True)
