@@ -13,19 +13,20 @@ and mappings/<family>.yaml (or a mapping file it shares with the classes of its 
 its data files named in tests/data/README.md, and its entry in converter/registry.py (an import and a place in
 `FAMILY_SPECS`). Nothing in converter/ names a family.
 
-Samples and ranks. A model takes the rank diffusers' class takes, channels-first in PyTorch, and the same array with
-its channel axis (axis 1) moved last in Flax: a video (B, C, T, H, W) is (B, T, H, W, C); an image (B, C, H, W) is
-(B, H, W, C); an image class that takes a frame axis of one (Qwen-Image's (B, C, 1, H, W)) keeps it. The spec says
-which (`frame_axis`). Latents follow the same rule. Generic code (runners, validation, tiling, meshes, the picture)
-moves axes by rank and never asks which kind it holds. Every model checks its inputs' rank, channels and frames
-(models/common/inputs.py) and says what it expected in one ValueError.
+Samples and ranks. A model takes the rank diffusers' class takes, channels-first in PyTorch, and the same array with its
+channel axis (axis 1) moved last in Flax: a video (B, C, T, H, W) is (B, T, H, W, C); an image (B, C, H, W) is (B, H, W,
+C); a waveform (B, C, samples) is (B, samples, C); an image class that takes a frame axis of one (Qwen-Image's (B, C, 1,
+H, W)) keeps it. The spec says which (`frame_axis`). Latents follow the same rule. Generic code (runners, validation,
+tiling, meshes, the picture) moves axes by rank and never asks which kind it holds. Every model checks its inputs' rank,
+channels and frames (models/common/inputs.py) and says what it expected in one ValueError.
 
 Parts. A model declares its parts (`FamilySpec.parts`): an autoencoder's encoder and decoder, or a decoder alone (a
 vocoder). Each part is a `Part`: (x, cache, **inputs) -> (x, cache), one chunk of frames with the cache the previous
 chunk returned (None first; an image or any part without history returns None), plus the 1x1 quant convs around the
-latent (`quant_conv`, `post_quant_conv`, either None). `encode` gives what diffusers' encode output holds
-(`FamilySpec.encode_outputs`, `encoded` below): its latent distribution's (mean, logvar), or a deterministic encoder's
-latents. Validation, tiling, meshes, the benchmark and `info` ask only for the parts a model has.
+latent (`quant_conv`, `post_quant_conv`, either None, or what a class has in their place: a posterior head). `encode`
+gives what diffusers' encode output holds (`FamilySpec.encode_outputs`, `encoded` below): its latent distribution's
+(mean, logvar), or a deterministic encoder's latents. Validation, tiling, meshes, the benchmark and `info` ask only for
+the parts a model has.
 
 Running. The chunk runners (models/common/steps_flax.py, steps_torch.py) run a part as chunks of frames, one compiled
 step per chunk shape with the causal cache passed in and out explicitly (`run_chunks`, `run_clip`), or whole in one

@@ -241,7 +241,8 @@ class MiniMaxH3AudioBigVGANDecoder(nn.Module):
         x = self.conv_pre(x)
         for i, (up,) in enumerate(self.ups):
             x = up(x)
-            x = sum(block(x) for block in self.resblocks[i * self.per_level : (i + 1) * self.per_level]) / self.per_level
+            blocks = self.resblocks[i * self.per_level : (i + 1) * self.per_level]
+            x = sum(block(x) for block in blocks) / self.per_level
         return torch.clamp(self.conv_post(self.activation_post(x)), -1.0, 1.0), None
 
 
