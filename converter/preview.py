@@ -5,9 +5,10 @@ what the converted model does beside the model it was checked against, and where
                    high-contrast stripes), encoded and decoded by each model: rows input, converted, reference,
                    |converted - reference|
   latent decode    the validation's fixed latent decoded by each: rows converted, reference, |converted - reference|
-  waveform         a vocoder's decode of the validation mel spectrogram: each channel's waveform by each model
-                   (the range of the samples under every pixel column), and |converted - reference| under them;
-                   validation.wav beside it is the converted model's, to listen to
+  waveform         a model that decodes to sound (a vocoder, an audio VAE): the same sections as waveforms, each
+                   channel's by each model (the range of the samples under every pixel column) and
+                   |converted - reference| under them; validation.wav beside it is the converted model's decode,
+                   to listen to
 
 Each heat map has its colour scale and its max written beside it; the PNG also carries those maxima as text chunks.
 With random weights the frames are noise, with real weights reconstructions; the heat maps show the conversion
@@ -108,7 +109,7 @@ def write(path: Path, clip: np.ndarray | None, reconstructions: tuple | None, de
     reference (a model without an encoder has none: clip and reconstructions None), and the validation latent's
     decode by each (as the report compared them); waveforms (B, C, N) as plots. Returns the heat maps' maxima."""
     if decoded[0].ndim == 3:
-        return _draw_waveforms(path, decoded[0][0], decoded[1][0])
+        return _draw_waveforms(path, clip, reconstructions, decoded)
     decoded = tuple(map(_as_video, decoded))
     sections = {}
     frames = 0
@@ -126,32 +127,41 @@ def _as_video(x: np.ndarray) -> np.ndarray:
     return x[:, :, None] if x.ndim == 4 else x
 
 
-def _draw_waveforms(path: Path, got: np.ndarray, expected: np.ndarray) -> dict:
-    """The decode section for (C, N) waveforms in [-1, 1]: rows converted, reference, |difference|."""
+def _draw_waveforms(path: Path, clip, reconstructions, decoded: tuple) -> dict:
+    """Sections of (C, N) waveforms in [-1, 1]: the test waveform's reconstruction (rows input, converted, reference,
+    |difference|; a model without an encoder has none) and the decode (rows converted, reference, |difference|)."""
     from PIL import Image, ImageDraw, PngImagePlugin
 
-    image = Image.new("RGB", (LABEL_WIDTH + WAVE_WIDTH + GAP, Layout(0, 0).section_height(3)), BACKGROUND)
-    draw = ImageDraw.Draw(image)
-    with np.errstate(invalid="ignore", over="ignore"):  # a failed validation's NaN or Inf draws as nothing
-        difference = np.abs(got.astype(np.float64) - expected.astype(np.float64))
-        peak = float(difference.max())
-        draw.text((4, 4), "validation mel: decode to a waveform", fill=(0, 0, 0))
-        rows = (("converted", got), ("reference", expected), ("|difference|", difference))
-        for row, (label, wave) in enumerate(rows):
-            top = TITLE_HEIGHT + row * (TILE + GAP)
-            draw.text((4, top + TILE // 2 - 6), label, fill=(0, 0, 0))
-            levels = wave / peak if row == 2 and peak else wave
-            image.paste(Image.fromarray(_plot(levels, heat=row == 2)), (LABEL_WIDTH, top))
-        left, top = LABEL_WIDTH, TITLE_HEIGHT + 3 * (TILE + GAP)
-        bar = heat_colours(np.linspace(0.0, 1.0, 2 * TILE))[None].repeat(10, axis=0)
-        image.paste(Image.fromarray(bar), (left, top))
-        draw.text((left, top + 12), "0", fill=(0, 0, 0))
-        draw.text((left + 2 * TILE - 70, top + 12), f"max {peak:.2e}", fill=(0, 0, 0))
-    text = PngImagePlugin.PngInfo()
-    text.add_text(HEAT_TEXT_KEYS["decode"], repr(peak))
+    sections = {"decode": ("the validation input decoded to a waveform", None, decoded)}
+    if clip is not None:
+        sections = {"reconstruction": ("the test waveform encoded and decoded", clip, reconstructions), **sections}
+    heights = {name: Layout(0, 0).section_height(3 + (given is not None)) for name, (_, given, _) in sections.items()}
+    image = Image.new("RGB", (LABEL_WIDTH + WAVE_WIDTH + GAP, sum(heights.values())), BACKGROUND)
+    draw, text, maxima, offset = ImageDraw.Draw(image), PngImagePlugin.PngInfo(), {}, 0
+    for name, (title, given, (got, expected)) in sections.items():
+        got, expected = got[0], expected[0]
+        with np.errstate(invalid="ignore", over="ignore"):  # a failed validation's NaN or Inf draws as nothing
+            difference = np.abs(got.astype(np.float64) - expected.astype(np.float64))
+            peak = float(difference.max())
+            draw.text((4, offset + 4), title, fill=(0, 0, 0))
+            rows = [("converted", got), ("reference", expected), ("|difference|", difference)]
+            rows = ([("input", given[0])] if given is not None else []) + rows
+            for row, (label, wave) in enumerate(rows):
+                top = offset + TITLE_HEIGHT + row * (TILE + GAP)
+                draw.text((4, top + TILE // 2 - 6), label, fill=(0, 0, 0))
+                heat = label == "|difference|"
+                levels = wave / peak if heat and peak else wave
+                image.paste(Image.fromarray(_plot(levels, heat=heat)), (LABEL_WIDTH, top))
+            left, top = LABEL_WIDTH, offset + TITLE_HEIGHT + len(rows) * (TILE + GAP)
+            bar = heat_colours(np.linspace(0.0, 1.0, 2 * TILE))[None].repeat(10, axis=0)
+            image.paste(Image.fromarray(bar), (left, top))
+            draw.text((left, top + 12), "0", fill=(0, 0, 0))
+            draw.text((left + 2 * TILE - 70, top + 12), f"max {peak:.2e}", fill=(0, 0, 0))
+        text.add_text(HEAT_TEXT_KEYS[name], repr(peak))
+        maxima[name], offset = peak, offset + heights[name]
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path, pnginfo=text)
-    return {"decode": peak}
+    return maxima
 
 
 def _plot(wave: np.ndarray, heat: bool) -> np.ndarray:

@@ -185,7 +185,9 @@ def validation_inputs(family, config) -> tuple[np.ndarray, np.ndarray | None]:
 def validation_clip(shape: tuple) -> np.ndarray:
     """A (B, C, T, H, W) clip in [-1, 1] where reconstruction errors show: a diagonal colour gradient, a disc moving
     right, a square moving down, and a patch of one-pixel stripes whose phase shifts each frame; for a (B, C, H, W)
-    shape, the clip's first frame as an image."""
+    shape, the clip's first frame as an image; for a (B, C, samples) shape, a waveform (`validation_waveform`)."""
+    if len(shape) == 3:
+        return validation_waveform(shape)
     if len(shape) == 4:
         return validation_clip((shape[0], shape[1], 1, *shape[2:]))[:, :, 0]
     batch, channels, frames, height, width = shape
@@ -204,6 +206,19 @@ def validation_clip(shape: tuple) -> np.ndarray:
         clip[t] = frame
     clip = clip[:, np.arange(channels) % 3].transpose(1, 0, 2, 3)  # (C, T, H, W); other channel counts repeat RGB
     return np.broadcast_to(clip * 2.0 - 1.0, (batch, channels, frames, height, width)).astype(np.float32)
+
+
+def validation_waveform(shape: tuple) -> np.ndarray:
+    """A (B, C, samples) waveform in [-0.8, 0.8] where reconstruction errors show: a sweep from low to high
+    frequencies (0.002 to 0.2 cycles a sample), a click a third of the way in, each channel a quarter-cycle after
+    the one before."""
+    batch, channels, samples = shape
+    t = np.arange(samples) / max(samples - 1, 1)
+    low, high = 0.002, 0.2  # cycles a sample
+    cycles = samples * (low * t + (high - low) * t**2 / 2)  # the sweep's phase, in cycles
+    sweep = 0.6 * np.sin(2 * np.pi * (cycles[None, :] + np.arange(channels)[:, None] / 4))
+    click = 0.2 * np.exp(-np.abs(np.arange(samples) - samples // 3) / 4.0)
+    return np.broadcast_to(sweep + click, (batch, channels, samples)).astype(np.float32)
 
 
 def reference_model(family, config, source_weights, dtype):

@@ -111,3 +111,17 @@ def test_every_model_checks_its_inputs(default_arch, family):
                 with pytest.raises(ValueError, match=f"^{call}: ") as caught:
                     getattr(model, call)(_zeros(target, layout))
                 assert "got shape" in str(caught.value) or "expected" in str(caught.value), (target, what)
+
+
+@pytest.mark.parametrize("family", per_family())
+def test_every_family_has_validation_inputs_of_its_shapes(family):
+    """The validation's latent and sample (a video, an image, a waveform) are made for every family's released
+    config, of the shapes its spec gives, finite and not all zero."""
+    config = family.config_class.from_dict(family.models[0].config)
+    shapes = validate.validation_shapes(family, config)
+    latent, sample = validate.validation_inputs(family, config)
+    for what, array in (("latent", latent), ("sample", sample)):
+        if what in shapes:
+            assert array.shape == shapes[what] and np.isfinite(array).all() and np.abs(array).max() > 0.1, what
+        else:
+            assert array is None

@@ -87,3 +87,23 @@ def test_configs_diffusers_cannot_run_are_refused(default_arch, tmp_path, change
     (source / "config.json").write_text(json.dumps({**config, **change}))
     out = tmp_path / "out"
     fails([converted.name, "--source", source, "--to", "flax", "--out", out], 3, needle, out=out, in_process=True)
+
+
+def test_a_validated_conversion_draws_and_sounds_both_sections(default_arch, tmp_path):
+    """The CLI's validation encodes its test waveform and decodes its latent with both models; validation.png has
+    the reconstruction (input, converted, reference, difference) above the decode, and validation.wav is written."""
+    from PIL import Image
+
+    from converter import preview
+    from tests.helpers import manifest, run_in_process
+
+    converted = default_arch(AUDIO)
+    out = tmp_path / "out"
+    result = run_in_process(converted.name, "--source", converted.source, "--to", "torchax", "--out", out)
+    assert result.returncode == 0, result.stderr
+    recorded = manifest(out)["validation"]
+    assert recorded["ok"] and [c["output"] for c in recorded["checks"]] == ["decode", "encode.mean", "encode.logs"]
+    image = Image.open(out / preview.FILE_NAME)
+    assert image.size[1] == preview.Layout(0, 0).section_height(4) + preview.Layout(0, 0).section_height(3)
+    assert set(recorded["preview"]["max_abs"]) == {"reconstruction", "decode"}
+    assert (out / preview.SOUND_FILE_NAME).exists()

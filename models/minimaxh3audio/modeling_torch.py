@@ -21,10 +21,15 @@ from .config import AutoencoderKLMiniMaxH3AudioConfig, adaptive_pool_matrix
 ANTIALIAS_RATIO, ANTIALIAS_KERNEL = 2, 12  # diffusers' Activation1d defaults, which the released model uses
 
 
+def norm_except_first(v: torch.Tensor) -> torch.Tensor:
+    """v's norm over every dim but the first, (n, 1, 1)."""
+    return v.square().sum(dim=tuple(range(1, v.ndim)), keepdim=True).sqrt()
+
+
 def weight_norm(weight_g: torch.Tensor, weight_v: torch.Tensor) -> torch.Tensor:
-    """PyTorch's weight_norm (dim 0): v scaled to norm g along dim 0 (v's norm over every other dim, in float32)."""
-    v, g = weight_v.float(), weight_g.float()
-    return (v * (g / v.square().sum(dim=tuple(range(1, v.ndim)), keepdim=True).sqrt())).to(weight_v.dtype)
+    """PyTorch's weight_norm (dim 0): v scaled to norm g along dim 0 (in float32)."""
+    v = weight_v.float()
+    return (v * (weight_g.float() / norm_except_first(v))).to(weight_v.dtype)
 
 
 class WeightNormConv1d(nn.Conv1d):
@@ -33,7 +38,7 @@ class WeightNormConv1d(nn.Conv1d):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.weight_v = nn.Parameter(self.weight.detach())
-        self.weight_g = nn.Parameter(torch.zeros(self.out_channels, 1, 1))
+        self.weight_g = nn.Parameter(norm_except_first(self.weight.detach()))  # as weight_norm starts
         del self.weight
 
     def forward(self, x):
@@ -46,7 +51,7 @@ class WeightNormConvTranspose1d(nn.ConvTranspose1d):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.weight_v = nn.Parameter(self.weight.detach())
-        self.weight_g = nn.Parameter(torch.zeros(self.in_channels, 1, 1))
+        self.weight_g = nn.Parameter(norm_except_first(self.weight.detach()))  # as weight_norm starts
         del self.weight
 
     def forward(self, x):
