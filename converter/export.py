@@ -77,9 +77,9 @@ def export(req: ExportRequest) -> Summary:
             mapping={"file": mapping_path.name, "sha256": hashlib.sha256(mapping_path.read_bytes()).hexdigest()},
             source={"origin": str(source), "exported_from": target.name, "output": _provenance(manifest)},
         )
-        # counts keep diffusers' integer dtype, every weight takes the export's
-        counts = TORCHAX.integer_leaves(family, config)
-        specs = {key: (shape, TORCHAX.leaf_dtype(key, counts, dtype)) for key, shape in shapes.items()}
+        # counts keep diffusers' integer dtype and its float32 modules float32, every other weight takes the export's
+        fixed = TORCHAX.fixed_dtype_leaves(family, config)
+        specs = {key: (shape, TORCHAX.leaf_dtype(key, fixed, dtype)) for key, shape in shapes.items()}
         folder.needed = specs_bytes(specs)
         writer = TORCHAX.open_writer("safetensors", work, specs, {"format": "pt", "vae_convert": record})
         by_key = {a.source_key: a for a in assignments}
@@ -112,8 +112,8 @@ def _dotted(path) -> str:
 
 def _ensure_leaves_fit(source: Path, leaves: dict, target, family, config, dtype):
     """The weights on disk (or in memory) against the model their config describes: every leaf there, none extra,
-    each its shape, each of `dtype` (a count of its own integer dtype)."""
-    expected, counts = target.leaf_shapes(family, config), target.integer_leaves(family, config)
+    each its shape, each of `dtype` (a count of its own integer dtype, a float32 module float32)."""
+    expected, fixed = target.leaf_shapes(family, config), target.fixed_dtype_leaves(family, config)
     missing, extra = sorted(set(expected) - set(leaves)), sorted(set(leaves) - set(expected))
     if missing or extra:
         raise InputError(
@@ -125,7 +125,7 @@ def _ensure_leaves_fit(source: Path, leaves: dict, target, family, config, dtype
             raise InputError(
                 f"{source}: leaf {key!r} has shape {list(leaf.shape)}, the config implies {list(expected[key])}"
             )
-        wanted = target.leaf_dtype(key, counts, dtype)
+        wanted = target.leaf_dtype(key, fixed, dtype)
         if np.dtype(leaf.dtype) != wanted:
             raise InputError(f"{source}: leaf {key!r} is {leaf.dtype}, the output's dtype for it is {wanted.name}")
 
@@ -140,7 +140,7 @@ def _validate(req, info, dtype, work, record, out) -> list:
     if not req.validate:
         return []
     req.say(f"validating: decode and encode of the exported weights against the {info.target.name} model ...")
-    reference = info.target.runner(info.target.rounded(load_output(info.path), dtype))
+    reference = info.target.runner(info.target.rounded(load_output(info.path), dtype, info.family))
     outcome = validate.compare_runners(info.family, info.config, TorchRunner(load_output(work)), reference)
     return record_validation(outcome, record, work, out, req)
 
@@ -157,8 +157,9 @@ def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path
     fmt = FLAX.default_format(fmt)
     _, state = nnx.split(vae)
     leaves = {_dotted(p): compat.variable_value(v) for p, v in nnx.to_flat_state(state)}
-    counts = FLAX.integer_leaves(family, vae.config)
-    dtypes = {np.dtype(v.dtype) for k, v in leaves.items() if k not in counts}
+    fixed = FLAX.fixed_dtype_leaves(family, vae.config)
+    # a model whose every module stays float32 has no other dtype
+    dtypes = {np.dtype(v.dtype) for k, v in leaves.items() if k not in fixed} or {np.dtype(np.float32)}
     if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPES.values():
         raise InputError(
             f"save: the parameters must share one of {', '.join(DTYPES)}; found {sorted(map(str, dtypes))}"

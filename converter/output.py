@@ -550,9 +550,9 @@ def _load_output(out: OutputInfo, mesh):
 
         sharding = NamedSharding(mesh, PARAMETERS)
     weights = out.target.read_weights(out.path, out.fmt)
-    counts = out.target.integer_leaves(out.family, out.config)
+    fixed = out.target.fixed_dtype_leaves(out.family, out.config)
     for key, array in weights.items():
-        expected = out.target.leaf_dtype(key, counts, out.dtype)
+        expected = out.target.leaf_dtype(key, fixed, out.dtype)
         if np.dtype(array.dtype) != expected:
             raise InputError(f"{out.path}: {key} is {array.dtype}, the output's dtype for it is {expected.name}")
     model = out.target.build(out.target.empty_model(out.family, out.config, out.dtype), weights, out.path, sharding)

@@ -403,8 +403,8 @@ def _write_output(req, source, folder: OutputFolder, work: Path, out: Path, prov
             "sha256": hashlib.sha256(plan.mapping_path.read_bytes()).hexdigest(),
         },
     )
-    counts = req.target.integer_leaves(family, plan.config)
-    specs = {a.target_key: (plan.leaf_shapes[a.target_key], counts.get(a.target_key, dtype)) for a in plan.assignments}
+    fixed = req.target.fixed_dtype_leaves(family, plan.config)
+    specs = {a.target_key: (plan.leaf_shapes[a.target_key], fixed.get(a.target_key, dtype)) for a in plan.assignments}
     folder.needed = (folder.needed or 0) + specs_bytes(specs)
     recorded = {k: None for k in family.recorded_tensors}
     try:

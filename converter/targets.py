@@ -30,6 +30,12 @@ from converter.structure_cache import FlaxStructure, flax_structure
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 
 
+def kept_in_float32(family: FamilySpec, key: str) -> bool:
+    """Whether leaf `key` (dotted) lies under a module diffusers keeps in float32 whatever the dtype
+    (`FamilySpec.keep_in_float32`, matched against the key's components as diffusers matches them)."""
+    return not set(family.keep_in_float32).isdisjoint(key.split("."))
+
+
 def is_count(dtype) -> bool:
     """Whether a leaf of this dtype holds a count (BatchNorm's `num_batches_tracked`): an integer, which keeps its
     own dtype whatever the output's, where every other leaf is a weight in the output's dtype."""
@@ -57,13 +63,18 @@ class Target:
         raise NotImplementedError
 
     def integer_leaves(self, family: FamilySpec, config) -> dict[str, np.dtype]:
-        """The leaves that hold counts (BatchNorm's `num_batches_tracked`), each with the integer dtype it keeps
-        whatever the output's dtype; every other leaf is written in the output's."""
+        """The leaves that hold counts (BatchNorm's `num_batches_tracked`), each with its integer dtype."""
         raise NotImplementedError
 
-    def leaf_dtype(self, key, integer_leaves: dict, dtype: np.dtype) -> np.dtype:
+    def fixed_dtype_leaves(self, family: FamilySpec, config) -> dict[str, np.dtype]:
+        """The leaves whose dtype is their own whatever the output's: counts (their integer dtype) and the modules
+        diffusers keeps in float32; every other leaf is written in the output's dtype."""
+        kept = {k: np.dtype(np.float32) for k in self.leaf_shapes(family, config) if kept_in_float32(family, k)}
+        return {**kept, **self.integer_leaves(family, config)}
+
+    def leaf_dtype(self, key, fixed_leaves: dict, dtype: np.dtype) -> np.dtype:
         """The dtype leaf `key` (as `read_weights` names it) is written in, for an output of `dtype`."""
-        return integer_leaves.get(key if isinstance(key, str) else ".".join(map(str, key)), dtype)
+        return fixed_leaves.get(key if isinstance(key, str) else ".".join(map(str, key)), dtype)
 
     def open_writer(self, fmt: str, out_dir: Path, specs: dict, metadata: dict):
         path = out_dir / self.weight_files[fmt]
@@ -94,9 +105,9 @@ class Target:
         """`model` with its weights (not its counts) in `dtype`."""
         raise NotImplementedError
 
-    def rounded(self, model, dtype: np.dtype):
-        """`model` with its weights (not its counts) rounded to `dtype` and kept in their own: the reference of an
-        export to `dtype`."""
+    def rounded(self, model, dtype: np.dtype, family: FamilySpec):
+        """`model` with its weights (not its counts, nor the family's float32 modules) rounded to `dtype` and kept in
+        their own: the reference of an export to `dtype`."""
         raise NotImplementedError
 
 
@@ -168,14 +179,12 @@ class FlaxTarget(Target):
 
     @staticmethod
     def _weights_dtype(model) -> np.dtype:
+        """The output's dtype: its weights' narrowest (modules kept in float32 aside)."""
         from flax import nnx
 
         _, state = nnx.split(model)
-        return next(
-            np.dtype(compat.variable_value(v).dtype)
-            for _, v in nnx.to_flat_state(state)
-            if not is_count(compat.variable_value(v).dtype)
-        )
+        dtypes = {np.dtype(compat.variable_value(v).dtype) for _, v in nnx.to_flat_state(state)}
+        return min((d for d in dtypes if not is_count(d)), key=lambda d: d.itemsize)
 
     def cast(self, model, dtype):
         import jax.numpy as jnp
@@ -188,14 +197,14 @@ class FlaxTarget(Target):
                 compat.set_variable_value(variable, jnp.asarray(value, dtype))
         return model
 
-    def rounded(self, model, dtype):
+    def rounded(self, model, dtype, family):
         import jax.numpy as jnp
         from flax import nnx
 
         _, state = nnx.split(model)
-        for _, variable in nnx.to_flat_state(state):
+        for path, variable in nnx.to_flat_state(state):
             value = compat.variable_value(variable)
-            if not is_count(value.dtype):
+            if not is_count(value.dtype) and not kept_in_float32(family, ".".join(map(str, path))):
                 compat.set_variable_value(variable, jnp.asarray(value, dtype).astype(value.dtype))
         return model
 
@@ -239,13 +248,13 @@ class TorchaxTarget(Target):
 
         return model.to(getattr(torch, np.dtype(dtype).name))
 
-    def rounded(self, model, dtype):
+    def rounded(self, model, dtype, family):
         import torch
 
         rounding = getattr(torch, np.dtype(dtype).name)
         with torch.no_grad():
-            for tensor in (*model.parameters(), *model.buffers()):
-                if tensor.is_floating_point():
+            for key, tensor in model.state_dict(keep_vars=True).items():
+                if tensor.is_floating_point() and not kept_in_float32(family, key):
                     tensor.copy_(tensor.to(rounding).to(tensor.dtype))
         return model
 

@@ -231,7 +231,8 @@ class TorchaxVAE:
     def __init__(self, model: nn.Module):
         self.torchax_env = torchax_env()
         self.model, self.config = model, model.config
-        self.dtype = next(model.parameters()).dtype
+        # the output's dtype: its weights' narrowest (modules kept in float32 aside)
+        self.dtype = min({p.dtype for p in model.parameters()}, key=lambda d: d.itemsize)
         self.kernels = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))}
         self.params = {  # copied onto JAX as `model.to("jax")` copies (a permuted kernel is laid out anew first)
             name: self.torchax_env.t2j_copy(

@@ -222,16 +222,19 @@ def validation_waveform(shape: tuple) -> np.ndarray:
 
 
 def reference_model(family, config, source_weights, dtype):
-    """The PyTorch model on the source weights rounded to `dtype` (counts as they are)."""
+    """The PyTorch model on the source weights rounded to `dtype` (counts, and the modules kept in float32, as they
+    are)."""
     import torch
 
-    from converter.targets import is_count
+    from converter.targets import is_count, kept_in_float32
 
-    def rounded(array):
-        return np.array(array) if is_count(array.dtype) else array.astype(dtype).astype(np.float32)
+    def rounded(key, array):
+        if is_count(array.dtype) or kept_in_float32(family, key):
+            return np.array(array)
+        return array.astype(dtype).astype(np.float32)
 
     model = family.torch_model()(config)
-    state = {k: torch.from_numpy(rounded(np.asarray(source_weights[k]))) for k in source_weights.specs}
+    state = {k: torch.from_numpy(rounded(k, np.asarray(source_weights[k]))) for k in source_weights.specs}
     model.load_state_dict(state, strict=True)
     return model
 

@@ -62,3 +62,39 @@ def test_the_original_file_converts_to_what_diffusers_script_makes_of_it(tmp_pat
     tensors = load_file(out / "diffusion_pytorch_model.safetensors")
     digests = {key: hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest() for key, v in sorted(tensors.items())}
     assert digests == small["diffusers_sha256"]
+
+
+def test_a_bfloat16_output_keeps_diffusers_float32_modules(default_arch, tmp_path):
+    """`--dtype bfloat16` keeps the encoder, quant_conv, the norms and the layer scales float32, as diffusers'
+    `_keep_in_fp32_modules` does (the ViT's projections bfloat16), validates, and runs as diffusers' bfloat16 model
+    runs: the encode in float32 (to float32's rounding of diffusers' own), the decode with its norms and scales in
+    float32 (no further from diffusers' float32 decode than diffusers' bfloat16 is, within a small margin)."""
+    from converter.models.minimaxh3.spec import MINIMAXH3 as spec
+
+    converted = default_arch(MINIMAXH3)
+    reference = converted.reference
+    low = type(reference).from_pretrained(converted.source, torch_dtype=torch.bfloat16).eval()
+    x = torch.rand(1, 3, 17, 12, 20, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    z = torch.randn(1, reference.config.latent_channels, 7, 3, 5, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected_mean = low.encode(x.bfloat16()).latent_dist.mean.float().numpy()
+        exact = reference.decode(z).sample.numpy()
+        diffusers_error = np.abs(low.decode(z.bfloat16()).sample.float().numpy() - exact).max()
+    for target in ("flax", "torchax"):
+        out = tmp_path / target
+        run_cli(converted.name, "--source", converted.source, "--to", target, "--dtype", "bfloat16", "--out", out)
+        vae = converter.load(out)
+        if target == "flax":
+            from flax import nnx
+
+            dtypes = {".".join(map(str, p)): v.dtype for p, v in nnx.to_flat_state(nnx.state(vae))}
+        else:
+            dtypes = {k: v.dtype for k, v in vae.state_dict().items()}
+        kept = {k for k in dtypes if set(spec.keep_in_float32) & set(k.split("."))}
+        assert kept and all(np.dtype(str(dtypes[k]).removeprefix("torch.")) == np.float32 for k in kept), target
+        assert {str(dtypes[k]).removeprefix("torch.") for k in set(dtypes) - kept} == {"bfloat16"}, target
+        drive = converter.targets.TARGETS[target].runner(vae, native=True)
+        mean = np.asarray(drive.encode(x.numpy())[0], np.float32)
+        assert np.abs(mean - expected_mean).max() <= 1e-4, target
+        error = np.abs(np.asarray(drive.decode(z.numpy()), np.float32) - exact).max()
+        assert error <= 1.5 * diffusers_error, (target, error, diffusers_error)

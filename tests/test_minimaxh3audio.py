@@ -107,3 +107,21 @@ def test_a_validated_conversion_draws_and_sounds_both_sections(default_arch, tmp
     assert image.size[1] == preview.Layout(0, 0).section_height(4) + preview.Layout(0, 0).section_height(3)
     assert set(recorded["preview"]["max_abs"]) == {"reconstruction", "decode"}
     assert (out / preview.SOUND_FILE_NAME).exists()
+
+
+def test_a_bfloat16_output_stays_float32(default_arch, tmp_path):
+    """diffusers keeps every module of this class in float32 (`_keep_in_fp32_modules`), so `--dtype bfloat16`
+    writes every tensor float32 and the output validates and loads."""
+    from safetensors import safe_open
+
+    from tests.helpers import manifest, run_in_process
+
+    converted = default_arch(AUDIO)
+    out = tmp_path / "out"
+    result = run_in_process(converted.name, "--source", converted.source, "--to", "torchax", "--dtype", "bfloat16",
+                            "--out", out)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert manifest(out)["validation"]["ok"]
+    with safe_open(out / "diffusion_pytorch_model.safetensors", "np") as weights:
+        assert {weights.get_slice(k).get_dtype() for k in weights.keys()} == {"F32"}
+    converter.load(out)

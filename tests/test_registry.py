@@ -182,3 +182,21 @@ def test_validation_decodes_with_the_family_s_extra_inputs_on_every_runner(wan_s
         # the plain decode), and the runner's equals it
         assert abs(np.median(outcome.decoded[1] - plain) - 0.25) < 1e-4
         assert np.abs(outcome.decoded[0] - outcome.decoded[1]).max() <= 1e-4
+
+
+@pytest.mark.parametrize("family", per_family())
+def test_every_family_keeps_in_float32_what_diffusers_keeps(family):
+    """The spec's float32 modules are diffusers' `_keep_in_fp32_modules`; both targets keep the same leaves (as
+    many, as large) in float32, in a bfloat16 output."""
+    import numpy as np
+
+    from converter.targets import TARGETS
+
+    assert family.keep_in_float32 == tuple(getattr(family.diffusers_class(), "_keep_in_fp32_modules", None) or ())
+    config = family.config_class.from_dict(family.testing().small_configs["default-arch"])
+    kept = {}
+    for name, target in TARGETS.items():
+        shapes, fixed = target.leaf_shapes(family, config), target.fixed_dtype_leaves(family, config)
+        kept[name] = sorted(int(np.prod(shapes[k])) for k, dtype in fixed.items() if dtype == np.float32)
+    assert kept["flax"] == kept["torchax"]
+    assert bool(kept["flax"]) == bool(family.keep_in_float32)

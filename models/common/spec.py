@@ -89,6 +89,9 @@ class FamilySpec:
     diffusers_module: str = "diffusers"
     # (config) -> the sample rate in Hz of the waveforms it decodes to (validation.wav); None where it decodes no sound
     sample_rate: Callable | None = None
+    # diffusers' `_keep_in_fp32_modules`: the leaves under a module of one of these names (a component of the leaf's
+    # dotted name, as diffusers matches them) stay float32 in an output of any dtype, and compute in float32
+    keep_in_float32: tuple[str, ...] = ()
 
     @property
     def folder(self) -> str:

@@ -244,8 +244,8 @@ class MiniMaxH3VideoTransformerBlock(nnx.Module):
         self.scale2 = _zeros(dim, param_dtype=param_dtype)
 
     def __call__(self, x, cos, sin):
-        """x the float32 residual stream; the normed activations in the projections' dtype."""
-        dtype = self.attn.to_q.kernel.dtype
+        """x the float32 residual stream; the normed activations in the compute dtype (the rotary tables')."""
+        dtype = cos.dtype
         x = x + self.attn(self.norm1(x).astype(dtype), cos, sin).astype(jnp.float32) * self.scale1[...].astype(
             jnp.float32
         )
@@ -276,7 +276,7 @@ class MiniMaxH3VideoViTDecoder3d(nnx.Module):
         )
         tokens = jnp.concatenate([tokens, registers, jnp.zeros((b, 1, tokens.shape[-1]), jnp.float32)], axis=1)
         angles = jnp.asarray(rope_angles(c, t, h, w))[None, :, None]  # (1, N, 1, rope_dim)
-        dtype = self.proj_out.kernel.dtype
+        dtype = x.dtype  # the latent's: the output's dtype, or float32 where validation runs the model so
         cos, sin = jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)
         for block in self.transformer_blocks:
             tokens = block(tokens, cos, sin)

@@ -262,6 +262,7 @@ class AutoencoderKLMiniMaxH3(ChunkedAutoencoder):
     def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video, ImageNet-normalised; `step` runs one clip (see ChunkedAutoencoder.run_chunks)."""
         expect_video(x, self.config.in_channels, channels_last=False, what="encode")
+        x = x.to(self.quant_conv.weight.dtype)  # the encoder's, float32 in every output dtype (as diffusers)
         moments = encode_in_clips(
             lambda x, bounds: self.run_chunks("encoder", x, bounds, step), x, self.config, t_axis=2, concat=torch.cat
         )
@@ -270,6 +271,7 @@ class AutoencoderKLMiniMaxH3(ChunkedAutoencoder):
     def decode(self, z: torch.Tensor, *, step=None) -> DecoderOutput:
         """(B, latent_channels, T, H, W) latents, T at least 3; not clamped, as in diffusers."""
         expect_video(z, self.config.latent_channels, channels_last=False, what="decode")
+        z = z.to(self.post_quant_conv.weight.dtype)  # the output's dtype; its norms and scales compute in float32
         return DecoderOutput(
             decode_in_chunks(
                 lambda chunk: self.run_chunks("decoder", chunk, [(0, chunk.shape[2])], step),

@@ -30,4 +30,6 @@ MINIMAXH3 = FamilySpec(
         2 * c.spatial_ratio,
     ),
     native_size=(124, 768, 1344),  # 4 s at 30 frames a second (17 x 7 + 5)
+    # the encoder and the cast-sensitive decoder modules; the ViT's projections take the output's dtype
+    keep_in_float32=("encoder", "quant_conv", "norm1", "norm2", "norm_out", "scale1", "scale2"),
 )

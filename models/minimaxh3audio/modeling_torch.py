@@ -299,14 +299,14 @@ class AutoencoderKLMiniMaxH3Audio(ChunkedAutoencoder):
         """(B, 1, samples) waveforms, zero-padded on the right to whole latent frames -> the posterior over
         (B, latent_channels, ceil(samples / hop))."""
         expect_sequence(x, 1, channels_last=False, what="encode")
-        x = F.pad(x, (0, -x.shape[-1] % self.config.hop))
+        x = F.pad(x.to(self.mean_proj.weight.dtype), (0, -x.shape[-1] % self.config.hop))  # float32, as diffusers
         mean, logs = self.run_image("encoder", x, step).chunk(2, dim=1)
         return EncoderOutput(MiniMaxH3AudioDiagonalGaussianDistribution(mean, logs))
 
     def decode(self, z: torch.Tensor, *, step=None) -> DecoderOutput:
         """(B, latent_channels, T) latents -> (B, 1, T x hop) waveforms in [-1, 1]."""
         expect_sequence(z, self.config.latent_channels, channels_last=False, what="decode")
-        return DecoderOutput(self.run_image("decoder", z, step))
+        return DecoderOutput(self.run_image("decoder", z.to(self.dec_in_proj.weight.dtype), step))
 
     def forward(self, sample: torch.Tensor, *, step=None) -> DecoderOutput:
         return self.decode(self.encode(sample, step=step).latent_dist.mode(), step=step)

@@ -27,4 +27,6 @@ MINIMAXH3AUDIO = FamilySpec(
     clamps_output=True,
     component=AUDIO_VAE,
     sample_rate=lambda c: c.sampling_rate,
+    # every module: the DAC/BigVGAN stack degrades audibly in bfloat16 (diffusers' note), so every output is float32
+    keep_in_float32=("encoder", "decoder", "pre_block", "dec_in_proj", "mean_proj", "logs_proj"),
 )
