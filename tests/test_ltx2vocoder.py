@@ -1,6 +1,6 @@
 """LTX-2's vocoders beyond the generic tests (which take their small configs, mel sizes and Lightricks' single-file
-layouts from models/ltx2vocoder/testing.py): the released sizes, `vocoder(mel)` called as diffusers calls it, the
-stored filters loaded rather than recomputed, and the configs diffusers' class cannot run refused."""
+layouts from models/ltx2vocoder/testing.py): `vocoder(mel)` called as diffusers calls it, the stored filters loaded
+rather than recomputed, and the configs diffusers' class cannot run refused."""
 
 from __future__ import annotations
 
@@ -12,30 +12,10 @@ import pytest
 import torch
 
 import converter
-from converter.registry import FAMILIES, get_model
-from converter.targets import diffusers_shapes
+from converter.registry import FAMILIES
 from tests.helpers import fails, runner
 
 VOCODER, BWE = FAMILIES["ltx2vocoder"], FAMILIES["ltx2vocoderbwe"]
-
-
-@pytest.mark.parametrize("model", ["ltx-2", "ltx-2.3"])
-def test_the_released_vocoders_have_diffusers_sizes(model):
-    """The released configs (55.59 M parameters and 194 tensors; 128.54 M and 1,227 with bandwidth extension): both
-    abstract models hold diffusers' tensors (its class on the meta device), every one and no other, of its sizes."""
-    from flax import nnx
-
-    from converter.targets import TARGETS
-
-    entry = get_model(model, "vocoder")
-    config = entry.family.config_class.from_dict(entry.config)
-    with torch.device("meta"):
-        reference = entry.family.diffusers_class()(**entry.config).state_dict()
-    assert diffusers_shapes(entry.family, config) == {k: tuple(v.shape) for k, v in reference.items()}
-    flax_model = TARGETS["flax"].empty_model(entry.family, config, np.float32).model
-    leaves = [leaf for _, leaf in nnx.to_flat_state(nnx.state(flax_model))]
-    assert len(leaves) == len(reference)
-    assert sum(int(np.prod(leaf.shape)) for leaf in leaves) == sum(v.numel() for v in reference.values())
 
 
 def test_torchax_vocoder_is_called_as_diffusers_calls_it(default_arch):

@@ -200,3 +200,25 @@ def test_every_family_keeps_in_float32_what_diffusers_keeps(family):
         kept[name] = sorted(int(np.prod(shapes[k])) for k, dtype in fixed.items() if dtype == np.float32)
     assert kept["flax"] == kept["torchax"]
     assert bool(kept["flax"]) == bool(family.keep_in_float32)
+
+
+@pytest.mark.parametrize("family", per_family())
+def test_the_first_named_model_holds_diffusers_tensors(family):
+    """At its released size (no weights: diffusers' class on the meta device, our models abstract), each target of
+    the family's first named model holds diffusers' tensors, every one and no other: torchax by name and shape,
+    Flax as many and as large."""
+    import numpy as np
+    import torch
+    from flax import nnx
+
+    from converter.targets import TARGETS, diffusers_shapes
+
+    entry = registry.first_model(family)
+    config = family.config_class.from_dict(entry.config)
+    with torch.device("meta"):
+        reference = family.diffusers_class()(**entry.config).state_dict()
+    assert diffusers_shapes(family, config) == {k: tuple(v.shape) for k, v in reference.items()}
+    flax_model = TARGETS["flax"].empty_model(family, config, np.float32).model
+    leaves = [leaf for _, leaf in nnx.to_flat_state(nnx.state(flax_model))]
+    assert len(leaves) == len(reference)
+    assert sum(int(np.prod(leaf.shape)) for leaf in leaves) == sum(v.numel() for v in reference.values())

@@ -32,14 +32,19 @@ def weight_norm(weight_g: torch.Tensor, weight_v: torch.Tensor) -> torch.Tensor:
     return (v * (weight_g.float() / norm_except_first(v))).to(weight_v.dtype)
 
 
+def carry_weight_norm(conv: nn.Module):
+    """`conv`'s weight replaced by `weight_v` and `weight_g` (its norm along dim 0, as weight_norm starts)."""
+    conv.weight_v = nn.Parameter(conv.weight.detach())
+    conv.weight_g = nn.Parameter(norm_except_first(conv.weight.detach()))
+    del conv.weight
+
+
 class WeightNormConv1d(nn.Conv1d):
     """weight_norm(Conv1d): `weight_g` (O, 1, 1) and `weight_v` (O, I, k) in place of `weight`."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.weight_v = nn.Parameter(self.weight.detach())
-        self.weight_g = nn.Parameter(norm_except_first(self.weight.detach()))  # as weight_norm starts
-        del self.weight
+        carry_weight_norm(self)
 
     def forward(self, x):
         return self._conv_forward(x, weight_norm(self.weight_g, self.weight_v), self.bias)
@@ -50,9 +55,7 @@ class WeightNormConvTranspose1d(nn.ConvTranspose1d):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.weight_v = nn.Parameter(self.weight.detach())
-        self.weight_g = nn.Parameter(norm_except_first(self.weight.detach()))  # as weight_norm starts
-        del self.weight
+        carry_weight_norm(self)
 
     def forward(self, x):
         weight = weight_norm(self.weight_g, self.weight_v)
