@@ -295,8 +295,7 @@ class AutoencoderKLMiniMaxH3Audio(TilingMixin, nnx.Module):
         deviation), each (B, ceil(samples / hop), latent_channels)."""
         expect_sequence(x, 1, channels_last=True, what="encode")
         x = jnp.pad(x, ((0, 0), (0, -x.shape[1] % self.config.hop), (0, 0)))
-        mean, logs = jnp.split(run_image(self, "encoder", x, mesh), 2, axis=-1)
-        return mean, logs
+        return tuple(jnp.split(run_image(self, "encoder", x, mesh), 2, axis=-1))
 
     def decode(self, z, *, mesh=None):
         """(B, T, latent_channels) latents -> (B, T x hop, 1) waveforms in [-1, 1]."""
