@@ -23,27 +23,48 @@ RESULTS = REPO / "bench" / "results"
 IMPLEMENTATIONS = ("flax", "torchax", "diffusers")
 
 
-def count(model: str, latent: list[int], video: list[int], small: bool = False) -> dict[str, float]:
-    """GFLOP of one decode of `latent` and one encode of `video` (channels-first) by `model`'s architecture (`small`:
-    at the family's small widths, as the benchmark's smoke mode runs it)."""
+def _reference(model: str, small: bool = False):
+    """(the project's PyTorch model of `model`'s architecture on the meta device, evaluating; its family; its
+    config); `small`: at the family's small widths, as the benchmark's smoke mode runs it."""
+    import torch
+
+    from converter.registry import config_from_dict, get_model, small_config
+
+    entry = get_model(model)
+    config = config_from_dict(entry.family, {**entry.config, **(small_config(entry) if small else {})})
+    with torch.device("meta"):
+        return entry.family.torch_model()(config).eval(), entry.family, config
+
+
+def encoded_shape(model: str, sample: list[int]) -> list[int]:
+    """The shape of the latent `model`'s architecture encodes a `sample` (channels-first) to, worked out on the meta
+    device (nothing computed)."""
+    import torch
+
+    from converter.models.common.protocol import encoded
+
+    reference, _, _ = _reference(model)
+    with torch.device("meta"), torch.no_grad():
+        return list(encoded(reference.encode(torch.zeros(sample)))[0].shape)
+
+
+def count(model: str, latent: list[int], video: list[int] | None, small: bool = False) -> dict[str, float]:
+    """GFLOP of one decode of `latent` and one encode of `video` (channels-first; None: a decoder alone) by `model`'s
+    architecture (`small`: at the family's small widths, as the benchmark's smoke mode runs it)."""
     import numpy as np
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from converter.registry import config_from_dict, get_model, small_config
     from converter.validate import decode_inputs
 
-    entry = get_model(model)
-    family = entry.family
-    config = config_from_dict(family, {**entry.config, **(small_config(entry) if small else {})})
+    reference, family, config = _reference(model, small)
     inputs = {name: torch.from_numpy(np.asarray(v)) for name, v in decode_inputs(family, config).items()}
     counted = {}
     with torch.device("meta"), torch.no_grad():
-        reference = family.torch_model()(config).eval()
         calls = {
             "decode": lambda: reference.decode(torch.zeros(latent), **{k: v.to("meta") for k, v in inputs.items()})
         }
-        if "encoder" in family.parts:
+        if video is not None:
             calls["encode"] = lambda: reference.encode(torch.zeros(video))
         for part, call in calls.items():
             with FlopCounterMode(display=False) as counter:

@@ -23,16 +23,19 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import diffusers_class_of, xla_flags_with_devices
+from bench import diffusers_class_of, diffusers_decode, xla_flags_with_devices
+from bench.flops import encoded_shape
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def cases(smoke: bool, names: list[str] | None = None) -> dict:
-    """model -> (latent for decode, video for encode), channels-first: the named models, else the first model of each
-    variant (Wan 2.1, Wan 2.2, CogVideoX...) with its validation latent and 64x64-pixel videos of its validation frame
-    count, an image model at its native size (a 1024x1024 image and its latent); smoke: the first model at small
-    widths, 4x4 latents and 32x32 videos."""
+    """model -> (latent it decodes, sample it encodes or None for a decoder alone), channels-first: the named models,
+    else the first model of each variant (Wan 2.1, Wan 2.2, CogVideoX...). A video model: its validation latent and
+    64x64-pixel videos of its validation frame count; any other model at the size its pipelines make
+    (FamilySpec.native_size: an image, a spectrogram, a waveform) and the latent that encodes to (a decoder alone:
+    its input at that size); smoke: the first model at small widths, 4x4 latents and 32x32 videos (other models:
+    their validation's sizes)."""
     from converter.registry import config_from_dict, first_of_each_variant, get_model, small_config
 
     entries = [get_model(name) for name in names] if names else first_of_each_variant()
@@ -41,16 +44,19 @@ def cases(smoke: bool, names: list[str] | None = None) -> dict:
         family = entry.family
         config = config_from_dict(family, {**entry.config, **(small_config(entry) if smoke else {})})
         latent = list(family.validation_latent_shape(config))
-        video = list(family.validation_sample_shape(config))
-        *frames, height, width = family.native_size
-        if smoke:
-            latent[-2:], video[-2:] = [4, 4], [32, 32]
-        elif frames in ([], [1]):  # an image: the size its pipelines make (the validation image encodes to its latent)
-            ratio = video[-1] // latent[-1]
-            latent[-2:], video[-2:] = [height // ratio, width // ratio], [height, width]
-        else:
-            video[-2:] = [64, 64]
-        result[entry.name] = (tuple(latent), tuple(video))
+        sample = family.validation_sample_shape and list(family.validation_sample_shape(config))
+        native = list(family.native_size)
+        video = len(native) == 3 and native[0] > 1  # its full size is the compile-only rows'
+        if video and smoke:
+            latent[-2:], sample[-2:] = [4, 4], [32, 32]
+        elif video:
+            sample[-2:] = [64, 64]
+        elif not smoke and sample is None:
+            latent[-len(native) :] = native
+        elif not smoke:
+            sample[-len(native) :] = native
+            latent = encoded_shape(entry.qualified, sample)
+        result[entry.qualified] = (tuple(latent), sample and tuple(sample))
     return result
 
 
@@ -226,8 +232,8 @@ def task_run(impl: str, path: str, latent: list, video: list, cache: str | None)
 
     if cache:
         converter.enable_compile_cache(cache)
-    decode, encode = _calls(impl, path, latent, video)
-    return {"decode": {"first": _seconds_of(decode)}, "encode": {"first": _seconds_of(encode)}}
+    calls = _calls(impl, path, latent, video)
+    return {part: {"first": _seconds_of(call)} for part, call in calls.items()}
 
 
 def task_steady(paths: dict, latent: list, video: list, cache: str, rounds: int) -> dict:
@@ -241,18 +247,19 @@ def task_steady(paths: dict, latent: list, video: list, cache: str, rounds: int)
     calls = {impl: _calls(impl, path, latent, video) for impl, path in paths.items()}
     # two calls each first: the first compiles (or reads the cache), and the Flax models' second is still slower
     # than the ones after it
-    for decode, encode in calls.values():
+    for parts in calls.values():
         for _ in range(2):
-            decode(), encode()
+            for call in parts.values():
+                call()
     impls = list(calls)
-    best = {impl: {"decode": float("inf"), "encode": float("inf")} for impl in impls}
+    best = {impl: {part: float("inf") for part in parts} for impl, parts in calls.items()}
     for r in range(rounds):
-        for i, part in enumerate(("decode", "encode")):
+        for part in best[impls[0]]:
             for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
                 # each timed call follows one of its own: right after another implementation's, the memory and
                 # caches it left slow the next one down (docs/performance.md, Design decisions)
-                calls[impl][i]()
-                best[impl][part] = min(best[impl][part], _seconds_of(calls[impl][i]))
+                calls[impl][part]()
+                best[impl][part] = min(best[impl][part], _seconds_of(calls[impl][part]))
     return best
 
 
@@ -262,25 +269,27 @@ def _seconds_of(fn) -> float:
     return time.perf_counter() - started
 
 
-def _calls(impl: str, path: str, latent: list, video: list) -> tuple:
-    """(decode, encode): calls of one implementation on a fixed latent and video, numpy in and out."""
+def _calls(impl: str, path: str, latent: list, video: list | None) -> dict:
+    """{"decode": call, "encode": call (none for a decoder alone)} of one implementation on a fixed latent and
+    sample, numpy in and out."""
     import numpy as np
     import torch
 
     import converter
+    from converter.models.common.protocol import encoded
     from converter.registry import config_from_dict, family_for_class
     from converter.targets import TARGETS
     from converter.validate import decode_inputs
 
     rng = np.random.default_rng(0)
     z = rng.standard_normal(latent).astype(np.float32)
-    x = rng.uniform(-1, 1, video).astype(np.float32)
+    x = None if video is None else rng.uniform(-1, 1, video).astype(np.float32)
     raw = json.loads((Path(path) / "config.json").read_text())
     family = family_for_class(raw["_class_name"])
     inputs = decode_inputs(family, config_from_dict(family, raw))  # LTX's timestep (and noise seed), as validation
     if impl in TARGETS:
         runner = TARGETS[impl].runner(converter.load(path))
-        return (lambda: runner.decode(z, **inputs)), (lambda: runner.encode(x))
+        return _encoding({"decode": lambda: runner.decode(z, **inputs)}, x, lambda: runner.encode(x))
     if impl == "diffusers":
         model = diffusers_class_of(path).from_pretrained(path).eval()
     else:
@@ -288,19 +297,24 @@ def _calls(impl: str, path: str, latent: list, video: list) -> tuple:
     # eager PyTorch on the GPU where there is one; numpy in and out, as the jitted runners take and give
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model = model.to(device)
-    zt, xt = torch.from_numpy(z).to(device), torch.from_numpy(x).to(device)
+    zt, xt = (None if v is None else torch.from_numpy(v).to(device) for v in (z, x))
     # diffusers draws its noise itself (from torch's global generator): it takes the timestep only
     conditions = {name: torch.from_numpy(value).to(device) for name, value in inputs.items() if name != "noise"}
 
     def decode():
         with torch.no_grad():
-            model.decode(zt, **conditions).sample.cpu().numpy()
+            diffusers_decode(model, zt, **conditions).cpu().numpy()
 
     def encode():
         with torch.no_grad():
-            model.encode(xt).latent_dist.mean.cpu().numpy()
+            encoded(model.encode(xt))[0].cpu().numpy()
 
-    return decode, encode
+    return _encoding({"decode": decode}, x, encode)
+
+
+def _encoding(calls: dict, x, encode) -> dict:
+    """calls with the encode of x beside the decode, where there is a sample to encode (a decoder alone has none)."""
+    return calls if x is None else {**calls, "encode": encode}
 
 
 # The compile-only measurements: each family's native video (FamilySpec.native_size; smoke: the small model and a
@@ -399,6 +413,8 @@ def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None
         vae = nnx.merge(graphdef, state)
         if layout == "tiled":
             vae.enable_tiling()
+        else:  # whole frames, whatever the family's default (MiniMax-H3 tiles unless told not to)
+            vae.disable_tiling()
         return vae.encode(x, mesh=mesh)[0] if part == "encoder" else vae.decode(x, mesh=mesh, **inputs)
 
     result = {"batch": batch}
@@ -530,7 +546,7 @@ def measure_model(
 ) -> dict:
     latent, video = shapes
     _SPENT.clear()
-    shapes = {"latent": list(latent), "video": list(video)}
+    shapes = {"latent": list(latent), "video": video and list(video)}
     if compile_only:  # no weights: compiling needs the abstract model only
         return {"compile": _compile(model, layouts, smoke, size), "bench_seconds": dict(_SPENT)}
     made = time.perf_counter()
@@ -587,7 +603,8 @@ def measure_model(
     for impl, parts in steady.items():
         for part, seconds in parts.items():
             result["run"][impl][part]["steady"] = seconds
-    result["compile"] = _compile(model, layouts, smoke, size)
+    if video is not None and len(video) > 3:  # a waveform's or a decoder's calls are its whole story
+        result["compile"] = _compile(model, layouts, smoke, size)
     result["bench_seconds"] = dict(_SPENT)
     return result
 
@@ -711,11 +728,11 @@ def markdown(results: dict) -> str:
     for model, r in measured.items():
         reference = r["run"]["diffusers" if "diffusers" in r["run"] else "torch"]["decode"]["steady"]
         for impl, t in r["run"].items():
-            decode, encode = t["decode"], t["encode"]
+            decode, encode = t["decode"], t.get("encode", {})  # none for a decoder alone
             ratio = f"{reference / decode['steady']:.2f}x" if "steady" in decode else "-"
             lines.append(
                 f"| {model} | {impl} | {decode['first']:.2f} s | {_seconds(decode.get('steady'))} | "
-                f"{encode['first']:.2f} s | {_seconds(encode.get('steady'))} | {ratio} |"
+                f"{_seconds(encode.get('first'))} | {_seconds(encode.get('steady'))} | {ratio} |"
             )
     lines += [
         "",
@@ -788,6 +805,8 @@ def _size(nbytes: int) -> str:
 
 def compile_table(results: dict) -> list[str]:
     """The compile-only measurements: per model, layout and part, and the split of temporaries over (1, 8)."""
+    if not any(r.get("compile") for r in results["models"].values()):
+        return []
     on_cpu = "JAX backend cpu" in results["device"]
     devices = f"{SIMULATED_DEVICES} simulated CPU devices" if on_cpu else "compiled for the one GPU: no meshes"
     lines = [

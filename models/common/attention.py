@@ -8,25 +8,31 @@ import math
 
 import jax
 import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
 
 ATTENTION_BLOCK = 1024  # tokens per query and key block
 
 
 def blocked_attention(q, k, v, frames: int = 1, block: int = ATTENTION_BLOCK):
-    """softmax(q k^T / sqrt(C)) v of (B, N, C) tokens. With `frames` > 1, the tokens are `frames` frames in order and
-    a token sees those of its own and earlier frames (diffusers' prepare_causal_attention_mask, built from frame
-    indices). The first key block holds first-frame tokens, which every query sees, so no row is ever all masked."""
+    """softmax(q k^T / sqrt(C)) v of (B, N, C) queries and (B, M, C) keys and values. With `frames` > 1 (then M = N,
+    self-attention), the tokens are `frames` frames in order and a token sees those of its own and earlier frames
+    (diffusers' prepare_causal_attention_mask, built from frame indices). The first key block holds first-frame
+    tokens, which every query sees, so no row is ever all masked."""
     b, n, c = q.shape
-    block = min(block, n)  # fewer tokens than a block: one block of them, unpadded
-    frame = jnp.repeat(jnp.arange(frames, dtype=jnp.int32), n // frames)
-    blocks = -(-n // block)
-    pad = blocks * block - n
-    # padded keys belong to no frame a query sees; padded queries (dropped at the end) see every frame
-    frame_q = jnp.pad(frame, (0, pad), constant_values=frames - 1).reshape(blocks, block)
-    frame_k = jnp.pad(frame, (0, pad), constant_values=frames).reshape(blocks, block)
 
-    def blocked(x):  # (B, N, C) -> (blocks, B, block, C) in float32
-        return jnp.pad(x.astype(jnp.float32), ((0, 0), (0, pad), (0, 0))).reshape(b, blocks, block, c).swapaxes(0, 1)
+    def frames_in_blocks(count, padding_frame):  # (blocks, block) frame indices of `count` tokens, padded
+        size = min(block, count)  # fewer tokens than a block: one block of them, unpadded
+        blocks = -(-count // size)
+        frame = jnp.repeat(jnp.arange(frames, dtype=jnp.int32), count // frames)
+        return jnp.pad(frame, (0, blocks * size - count), constant_values=padding_frame).reshape(blocks, size)
+
+    # padded keys belong to no frame a query sees; padded queries (dropped at the end) see every frame
+    frame_q, frame_k = frames_in_blocks(n, frames - 1), frames_in_blocks(k.shape[1], frames)
+
+    def blocked(x, frame):  # (B, N, C) -> (blocks, B, block, C) in float32
+        blocks, size = frame.shape
+        x = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, blocks * size - x.shape[1]), (0, 0)))
+        return x.reshape(b, blocks, size, c).swapaxes(0, 1)
 
     scale = 1.0 / math.sqrt(c)
 
@@ -44,9 +50,28 @@ def blocked_attention(q, k, v, frames: int = 1, block: int = ATTENTION_BLOCK):
             acc = acc * correction[..., None] + jnp.einsum("bqk,bkc->bqc", p, vj)
             return (m_new, total * correction + p.sum(axis=-1), acc), None
 
-        start = (jnp.full((b, block), -jnp.inf), jnp.zeros((b, block)), jnp.zeros((b, block, c)))
-        (_, total, acc), _ = jax.lax.scan(key_block, start, (blocked(k), blocked(v), frame_k))
+        size = fq.shape[0]
+        start = (jnp.full((b, size), -jnp.inf), jnp.zeros((b, size)), jnp.zeros((b, size, c)))
+        (_, total, acc), _ = jax.lax.scan(key_block, start, (blocked(k, frame_k), blocked(v, frame_k), frame_k))
         return acc / total[..., None]
 
-    out = jax.lax.map(query_block, (blocked(q), frame_q))  # (blocks, B, block, C)
-    return out.swapaxes(0, 1).reshape(b, blocks * block, c)[:, :n].astype(q.dtype)
+    out = jax.lax.map(query_block, (blocked(q, frame_q), frame_q))  # (blocks, B, block, C)
+    return out.swapaxes(0, 1).reshape(b, -1, c)[:, :n].astype(q.dtype)
+
+
+def query_split_attention(q, k, v):
+    """blocked_attention of (B, N, C) tokens where each device of the mesh ("dp", "tp") of the step being traced takes
+    its batch share (over "dp") and its share of the query tokens (over "tp", N padded to split evenly) against every
+    key and value; without a mesh, blocked_attention itself. A device holds 1/tp of the queries, outputs and running
+    sums, and the whole keys and values."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or "tp" not in mesh.axis_names:
+        return blocked_attention(q, k, v)
+    n = q.shape[1]
+    queries = jnp.pad(q, ((0, 0), (0, -n % mesh.shape["tp"]), (0, 0)))
+    split, whole = P("dp", "tp", None), P("dp", None, None)
+    # check_vma off: the running sums start as constants, the same on every device, and vary once queries meet them
+    attend = jax.shard_map(
+        blocked_attention, mesh=mesh, in_specs=(split, whole, whole), out_specs=split, check_vma=False
+    )
+    return attend(queries, k, v)[:, :n]

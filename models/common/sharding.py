@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 ACTIVATIONS = P("dp", None, None, "tp", None)  # (B, T, H, W, C)
 IMAGE_ACTIVATIONS = P("dp", None, "tp", None)  # (B, H, W, C)
+TOKENS = P("dp", "tp", None)  # a ViT's (B, N, C): batch over "dp", tokens over "tp"
 PARAMETERS = P()  # replicated
 
 
@@ -62,6 +63,16 @@ def constrain_activations(tree, mesh: Mesh | None):
         return x
 
     return jax.tree.map(constrain, tree)
+
+
+def constrain_tokens(x):
+    """x (B, N, C) tokens split over the mesh of the step being traced as TOKENS says, each device computing the
+    per-token layers for its share (models/common/attention.py `query_split_attention` splits the attention so);
+    x as it is without a mesh."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or "tp" not in mesh.axis_names:
+        return x
+    return jax.lax.with_sharding_constraint(x, TOKENS)
 
 
 def whole_where_width_uneven(x, width: int):

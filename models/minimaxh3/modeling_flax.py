@@ -8,7 +8,10 @@ every latent voxel a token, register tokens and a zero token after them, a rotar
 share of each head's channels, q/k RMS norms and the residual stream in float32, layer scales, a SwiGLU
 feed-forward. Clips, chunks, their cross-fades and the tiles (on by default, as released) are models/minimaxh3/
 clips.py's, shared with the PyTorch model. The attention is computed in blocks with a running softmax, so a tile's
-(or, untiled, a chunk's) score matrix is never held whole.
+(or, untiled, a chunk's) score matrix is never held whole. On a mesh ("dp", "tp"), the encoder's activations split
+by batch and width as every family's; the decoder's tokens split by batch over "dp" and by token over "tp": a
+device holds its share of the residual stream and computes the per-token layers and its queries' attention for it,
+taking every key and value (the parameters are replicated).
 Kernels start at zero, not random: the model exists to be filled from a checkpoint.
 """
 
@@ -18,10 +21,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..common.attention import blocked_attention
+from ..common.attention import query_split_attention
 from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
 from ..common.layers_flax import GroupNorm
+from ..common.sharding import constrain_tokens
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
 from .clips import MiniMaxH3Tiling, decode_in_chunks, encode_in_clips, rope_angles
@@ -202,7 +206,7 @@ class MiniMaxH3VideoAttention(nnx.Module):
         def heads_as_batch(t):  # (B, N, heads, D) -> (B * heads, N, D)
             return t.transpose(0, 2, 1, 3).reshape(b * self.heads, n, -1)
 
-        out = blocked_attention(heads_as_batch(q), heads_as_batch(k), heads_as_batch(v))
+        out = query_split_attention(heads_as_batch(q), heads_as_batch(k), heads_as_batch(v))
         return self.to_out[0](out.reshape(b, self.heads, n, -1).transpose(0, 2, 1, 3).reshape(b, n, -1))
 
 
@@ -275,6 +279,7 @@ class MiniMaxH3VideoViTDecoder3d(nnx.Module):
             self.register_tokens[...].astype(jnp.float32), (b, *self.register_tokens.shape[1:])
         )
         tokens = jnp.concatenate([tokens, registers, jnp.zeros((b, 1, tokens.shape[-1]), jnp.float32)], axis=1)
+        tokens = constrain_tokens(tokens)  # on a mesh: each device a share of the tokens (all of their channels)
         angles = jnp.asarray(rope_angles(c, t, h, w))[None, :, None]  # (1, N, 1, rope_dim)
         dtype = x.dtype  # the latent's: the output's dtype, or float32 where validation runs the model so
         cos, sin = jnp.cos(angles).astype(dtype), jnp.sin(angles).astype(dtype)

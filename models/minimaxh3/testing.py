@@ -45,7 +45,8 @@ TESTING = FamilyTesting(
             tile_shapes=1,
         ),
     },
-    meshes={},
+    # the encoder's width and the decoder's tokens split over "tp" (an uneven token count), the batch over "dp"
+    meshes={"default-arch": ((1, 8, "auto"), (2, 4, "explicit"))},
     export=("default-arch", "other-config"),
     check_configs=(("minimaxh3-other-config", OTHER_CONFIG),),
     decode_steps=1,
