@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from .sharding import traced_mesh
+
 ATTENTION_BLOCK = 1024  # tokens per query and key block
 
 
@@ -64,8 +66,8 @@ def query_split_attention(q, k, v):
     its batch share (over "dp") and its share of the query tokens (over "tp", N padded to split evenly) against every
     key and value; without a mesh, blocked_attention itself. A device holds 1/tp of the queries, outputs and running
     sums, and the whole keys and values."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or "tp" not in mesh.axis_names:
+    mesh = traced_mesh()
+    if mesh is None:
         return blocked_attention(q, k, v)
     n = q.shape[1]
     queries = jnp.pad(q, ((0, 0), (0, -n % mesh.shape["tp"]), (0, 0)))

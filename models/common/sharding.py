@@ -65,22 +65,25 @@ def constrain_activations(tree, mesh: Mesh | None):
     return jax.tree.map(constrain, tree)
 
 
+def traced_mesh():
+    """The ("dp", "tp") mesh of the step being traced (its abstract mesh), or None outside one."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return None if mesh.empty or "tp" not in mesh.axis_names else mesh
+
+
 def constrain_tokens(x):
     """x (B, N, C) tokens split over the mesh of the step being traced as TOKENS says, each device computing the
     per-token layers for its share (models/common/attention.py `query_split_attention` splits the attention so);
     x as it is without a mesh."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or "tp" not in mesh.axis_names:
-        return x
-    return jax.lax.with_sharding_constraint(x, TOKENS)
+    return x if traced_mesh() is None else jax.lax.with_sharding_constraint(x, TOKENS)
 
 
 def whole_where_width_uneven(x, width: int):
     """x replicated, inside a step traced on a mesh, where a width of `width` would not split evenly over "tp": XLA's
     partitioner regroups an unevenly split width wrongly in LTX's space-to-depth (from 17 frames on, on every mesh
     whose "tp" leaves a level's width uneven), so such a regrouping runs whole on each device."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or "tp" not in mesh.axis_names or width % mesh.shape["tp"] == 0:
+    mesh = traced_mesh()
+    if mesh is None or width % mesh.shape["tp"] == 0:
         return x
     return jax.lax.with_sharding_constraint(x, PARAMETERS)
 
