@@ -181,11 +181,13 @@ def wan_small_outputs(wan_small, tmp_path_factory):
     """wan_small converted through the CLI to each target (no validation): {target: output folder}; tests change
     only copies of them."""
     from converter.targets import TARGETS
-    from tests.helpers import run_cli
+    from tests.helpers import run_in_process
 
     root = tmp_path_factory.mktemp("wan_small_outputs")
     for target in TARGETS:
-        run_cli("wan2.1", "--source", wan_small[0], "--to", target, "--out", root / target, "--no-validate")
+        run_in_process(
+            "wan2.1", "--source", wan_small[0], "--to", target, "--out", root / target, "--no-validate", check=True
+        )
     return {target: root / target for target in TARGETS}
 
 

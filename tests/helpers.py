@@ -65,7 +65,7 @@ def environment_without_compile_cache() -> dict:
     return {k: v for k, v in os.environ.items() if k != COMPILE_CACHE_ENV}
 
 
-def run_in_process(*args, cwd=REPO) -> subprocess.CompletedProcess:
+def run_in_process(*args, check=False, cwd=REPO) -> subprocess.CompletedProcess:
     """The command line run in this process, as `vae-convert` runs it less its signal handlers: for error paths
     that need no process of their own (no signal, no Hub, no crash), without starting Python, JAX and PyTorch anew."""
     from click.testing import CliRunner
@@ -76,6 +76,8 @@ def run_in_process(*args, cwd=REPO) -> subprocess.CompletedProcess:
         result = CliRunner().invoke(cli, [str(a) for a in args], prog_name="vae-convert")
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
+    if check and result.exit_code != 0:
+        raise AssertionError(f"vae-convert {' '.join(map(str, args))} exited {result.exit_code}:\n{result.output}")
     return subprocess.CompletedProcess(args, result.exit_code, result.stdout, result.stderr)
 
 
@@ -212,8 +214,7 @@ def converted_by_cli(model: str, config: dict, root: Path, targets=tuple(TARGETS
         # parity and tiling compare with diffusers themselves: the CLI's own validation (its tests are
         # test_full_size.py, test_source_formats.py and test_sources.py) and its picture (test_preview.py) are skipped
         args = ("--source", root / "vae", "--to", target, "--out", root / target, "--no-validate")
-        result = run_in_process(model, *args)
-        assert result.returncode == 0, result.stdout + result.stderr
+        run_in_process(model, *args, check=True)
         models[target] = converter.load(root / target)
     return reference, models
 

@@ -24,7 +24,7 @@ import converter
 from converter.registry import FAMILIES, MODELS
 from converter.targets import diffusers_shapes
 from tests.fake_hub import Repo
-from tests.helpers import DATA, fails, manifest, run_cli, save_diffusers, small
+from tests.helpers import DATA, fails, manifest, run_cli, run_in_process, save_diffusers, small
 from tests.original_files import as_released, assert_same_tensors, output_tensors
 
 KL, FLUX2 = FAMILIES["autoencoderkl"], FAMILIES["flux2"]
@@ -89,7 +89,9 @@ def test_the_vae_of_a_whole_checkpoint_converts_and_the_rest_is_dropped(tmp_path
         save_file(tensors, whole)
     config_file = tmp_path / "diffusers" / "config.json"
     result = run_cli(name, "--source", whole, "--config", config_file, "--to", "flax", "--out", tmp_path / "o")
-    run_cli(name, "--source", tmp_path / "diffusers", "--to", "flax", "--out", tmp_path / "d", "--no-validate")
+    run_in_process(
+        name, "--source", tmp_path / "diffusers", "--to", "flax", "--out", tmp_path / "d", "--no-validate", check=True
+    )
     assert_same_tensors(output_tensors(tmp_path / "o"), output_tensors(tmp_path / "d"))
     info = manifest(tmp_path / "o")
     assert info["source"]["format"] == fmt and info["validation"]["ok"]
@@ -199,7 +201,9 @@ def flux2_outputs(tmp_path_factory):
     name, config = small(FLUX2, "default-arch")
     save_diffusers(FLUX2, root / "vae", config)
     for target in ("flax", "torchax"):
-        run_cli(name, "--source", root / "vae", "--to", target, "--out", root / target, "--no-validate")
+        run_in_process(
+            name, "--source", root / "vae", "--to", target, "--out", root / target, "--no-validate", check=True
+        )
     state = save_diffusers(FLUX2, root / "released", FLUX2_RELEASED).state_dict()
     save_file({k: v.contiguous() for k, v in as_released(state, "bfl-flux2", FLUX2).items()}, root / "ae.safetensors")
     return root

@@ -23,6 +23,7 @@ from tests.helpers import (
     input_shape,
     per_family,
     run_cli,
+    run_in_process,
 )
 
 DECODE = """
@@ -66,7 +67,8 @@ def flax_outputs(wan_small, tmp_path_factory):
     source, _ = wan_small
     root = tmp_path_factory.mktemp("structures")
     for dtype in ("float32", "bfloat16"):
-        run_cli("wan2.1", "--source", source, "--to", "flax", "--dtype", dtype, "--out", root / dtype, "--no-validate")
+        args = ("--source", source, "--to", "flax", "--dtype", dtype, "--out", root / dtype, "--no-validate")
+        run_in_process("wan2.1", *args, check=True)
     return root / "float32", root / "bfloat16"
 
 

@@ -23,29 +23,20 @@ import converter
 from converter import orbax_io
 from converter.errors import InputError
 from converter.torchax_runtime import compile_model, to_jax_tensor
-from tests.helpers import run_cli
+from tests.helpers import run_in_process
 
 
 @pytest.fixture(scope="module")
 def outputs(wan_small, tmp_path_factory):
     source, _ = wan_small
     root = tmp_path_factory.mktemp("api")
-    run_cli("wan2.1", "--source", source, "--to", "flax", "--out", root / "flax", "--no-validate")
-    run_cli(
-        "wan2.1",
-        "--source",
-        source,
-        "--to",
-        "flax",
-        "--format",
-        "safetensors",
-        "--out",
-        root / "flax-st",
-        "--no-validate",
-    )
-    run_cli(
-        "wan2.1", "--source", source, "--to", "torchax", "--dtype", "bfloat16", "--out", root / "tx", "--no-validate"
-    )
+    outputs = {
+        "flax": ("--to", "flax"),
+        "flax-st": ("--to", "flax", "--format", "safetensors"),
+        "tx": ("--to", "torchax", "--dtype", "bfloat16"),
+    }
+    for folder, args in outputs.items():
+        run_in_process("wan2.1", "--source", source, *args, "--out", root / folder, "--no-validate", check=True)
     # what earlier versions wrote: Orbax's default layout, one OCDBT store of zarr3 arrays
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(orbax_io, "ORBAX_SAVING", {"use_ocdbt": True, "use_zarr3": True, "use_compression": False})

@@ -14,7 +14,7 @@ import torch
 from converter.errors import InputError, MappingError, UsageError
 from converter.mapping import MAPPINGS_DIR
 from converter.registry import FAMILIES
-from tests.helpers import fails, family_cases, family_params, manifest, run_cli, save_diffusers
+from tests.helpers import fails, family_cases, family_params, manifest, run_cli, run_in_process, save_diffusers
 from tests.original_files import (
     FORMATS,
     as_converted_by_diffusers,
@@ -51,7 +51,8 @@ def test_original_file_converts_as_its_diffusers_checkpoint(released, tmp_path, 
     validate = () if FORMATS[fmt][1].validated_target == target else ("--no-validate",)
     args = ("--source", original, "--config", config, "--to", target, "--out", tmp_path / "o", *validate)
     result = run_cli(model_name, *args)
-    run_cli(model_name, "--source", diffusers_folder, "--to", target, "--out", tmp_path / "d", "--no-validate")
+    reference = ("--source", diffusers_folder, "--to", target, "--out", tmp_path / "d", "--no-validate")
+    run_in_process(model_name, *reference, check=True)  # what to compare with, not what is tested
     assert_same_tensors(output_tensors(tmp_path / "o"), output_tensors(tmp_path / "d"))
     info = manifest(tmp_path / "o")
     if not validate:
