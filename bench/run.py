@@ -203,7 +203,7 @@ def task_load(path: str, how: str) -> dict:
     with collection_paused():  # as converter.load does
         empty = out.target.empty_model(out.family, out.config, out.dtype)
         parts["structure"], started = time.perf_counter() - started, time.perf_counter()
-        weights = out.target.read_weights(out.path, out.fmt)
+        weights = out.target.read_weights(out)
         parts["weights"], started = time.perf_counter() - started, time.perf_counter()
         jax.devices()  # JAX starts its backend on first use, once per process, whatever it is used for
         parts["jax start"], started = time.perf_counter() - started, time.perf_counter()

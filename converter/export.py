@@ -59,7 +59,7 @@ def export(req: ExportRequest) -> Summary:
     folder.check()
     dtype = info.dtype if req.dtype == "auto" else DTYPES[req.dtype]
 
-    leaves = {_dotted(k): v for k, v in target.read_weights(source, info.fmt).items()}
+    leaves = {_dotted(k): v for k, v in target.read_weights(info).items()}
     _ensure_leaves_fit(source, leaves, target, family, config, info.dtype)
     mapping_path = mapping.MAPPINGS_DIR / family.mapping_file
     rules = mapping.load_mapping(mapping_path)

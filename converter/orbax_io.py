@@ -170,6 +170,8 @@ class OrbaxWriter:
         self.group, self.group_bytes = {}, 0
 
     def write(self, key: str, array: np.ndarray):
+        if array.size == 0:  # Orbax saves none (the Flax target's read gives it back from the model's shapes)
+            return
         self.group[key] = np.array(array, copy=True)  # our own copy: the source's pages are released after this call
         self.group_bytes += array.nbytes
         if self.group_bytes >= self.group_limit:

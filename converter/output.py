@@ -549,7 +549,7 @@ def _load_output(out: OutputInfo, mesh):
         from converter.models.common.sharding import PARAMETERS
 
         sharding = NamedSharding(mesh, PARAMETERS)
-    weights = out.target.read_weights(out.path, out.fmt)
+    weights = out.target.read_weights(out)
     fixed = out.target.fixed_dtype_leaves(out.family, out.config)
     for key, array in weights.items():
         expected = out.target.leaf_dtype(key, fixed, out.dtype)

@@ -13,6 +13,7 @@ back through its target).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import ml_dtypes
@@ -88,8 +89,9 @@ class Target:
         """The model's structure without weights (no storage allocated, nothing initialised)."""
         raise NotImplementedError
 
-    def read_weights(self, out_dir: Path, fmt: str) -> dict:
-        """The weights of a written output as saved, {leaf key: host array}; `build` places them."""
+    def read_weights(self, out) -> dict:
+        """The weights of a written output (an `output.OutputInfo`) as saved, {leaf key: host array}; `build` places
+        them."""
         raise NotImplementedError
 
     def build(self, empty_model, weights: dict, path: Path, sharding=None):
@@ -137,9 +139,9 @@ class FlaxTarget(Target):
             if is_count(compat.variable_value(v).dtype)
         }
 
-    def read_weights(self, out_dir, fmt):
-        path = _weights_path(out_dir, self.weight_files[fmt])
-        if fmt == "safetensors":
+    def read_weights(self, out):
+        path = _weights_path(out.path, self.weight_files[out.fmt])
+        if out.fmt == "safetensors":
             weights = SafetensorsFile(path)  # mapped: `build` makes its pages the leaves, read on first use
             return {target_path(k): weights[k] for k in weights.keys()}
         try:
@@ -148,6 +150,12 @@ class FlaxTarget(Target):
             raise
         except Exception as e:  # Orbax and TensorStore raise their own error types for a damaged or foreign layout
             raise InputError(f"{path}: not a readable Orbax checkpoint ({str(e).splitlines()[0][:160]})") from None
+        # Orbax saves no array of zero size (a count of none: MiniMax-H3's register tokens can be); it holds no values,
+        # so the model's shapes give it back
+        fixed = self.fixed_dtype_leaves(out.family, out.config)
+        for key, shape in self.leaf_shapes(out.family, out.config).items():
+            if math.prod(shape) == 0:
+                arrays.setdefault(key, np.zeros(shape, self.leaf_dtype(key, fixed, out.dtype)))
         return {target_path(name): array for name, array in arrays.items()}
 
     def build(self, empty_model: FlaxStructure, weights, path, sharding=None):
@@ -229,9 +237,9 @@ class TorchaxTarget(Target):
     def empty_model(self, family, config, dtype):
         return meta_torch(family, config)
 
-    def read_weights(self, out_dir, fmt):
+    def read_weights(self, out):
         # the model's parameters are the mapped file itself: nothing is read until used, as from_pretrained does
-        weights = SafetensorsFile(_weights_path(out_dir, self.weight_files[fmt]), copy_on_write=True)
+        weights = SafetensorsFile(_weights_path(out.path, self.weight_files[out.fmt]), copy_on_write=True)
         return {k: weights[k] for k in weights.keys()}
 
     def build(self, empty_model, weights, path, sharding=None):

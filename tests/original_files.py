@@ -82,7 +82,7 @@ def as_converted_by_diffusers(model, fmt: str):
 
 def output_tensors(out) -> dict[str, np.ndarray]:
     info = read_output(out)
-    weights = info.target.read_weights(info.path, info.fmt)
+    weights = info.target.read_weights(info)
     return {str(k): np.asarray(v) for k, v in weights.items()}
 
 

@@ -18,10 +18,12 @@ class ConfigError(ValueError):
 class Bound:
     """The largest value a config field may take, and why. Configs are untrusted bytes: a layer count of 10**7 is a
     file of a few bytes whose (abstract) model would be built without end, and a width of 2**40 overflows PyTorch's
-    size arithmetic; bounds a few times what released models use keep every build short and every size exact."""
+    size arithmetic; bounds a few times what released models use keep every build short and every size exact. The
+    smallest is 1 but for counts that may be none."""
 
     maximum: int
     why: str
+    minimum: int = 1
 
 
 # the roles a family's fields play, each bounded at a few times what any released VAE has
@@ -155,9 +157,9 @@ def _type_problem(value, hint, bound: Bound | None) -> str | None:
 
 
 def _range_problem(value, kind: str, bound: Bound) -> str | None:
-    if 1 <= value <= bound.maximum:
+    if bound.minimum <= value <= bound.maximum:
         return None
-    return f"expected {kind} from 1 to {bound.maximum} ({bound.why})"
+    return f"expected {kind} from {bound.minimum} to {bound.maximum} ({bound.why})"
 
 
 def _name(hint) -> str:

@@ -29,8 +29,8 @@ def encode_in_clips(run, x, config: AutoencoderKLMiniMaxH3Config, *, t_axis: int
 def decode_in_chunks(run, z, config: AutoencoderKLMiniMaxH3Config, *, t_axis: int, concat, as_array):
     """`run(chunk)` (one chunk of latent frames through the decoder) over chunks of `tokens_chunk_size` latent frames
     and the `token_overlap` after them, the last latent frame repeated to fill the last; each chunk's output less its
-    first `frame_pre_padding` frames, its overlapping part ramped into the next chunk's start; the frames of the
-    repeated latent frames cut off."""
+    first `frame_pre_padding` frames, its overlapping part (where an encode drops frames) ramped into the next chunk's
+    start; the frames of the repeated latent frames cut off."""
     frames = z.shape[t_axis]
     decoded = config.decoded_frames(frames)  # refuses too few
     chunks, pad_tokens = config.decode_chunks(frames)
@@ -44,8 +44,9 @@ def decode_in_chunks(run, z, config: AutoencoderKLMiniMaxH3Config, *, t_axis: in
         if overlap is not None:
             head = _blend(overlap, head, t_axis, config.frame_overlap, concat, as_array)
         kept.append(head)
-        overlap = _take(clip, t_axis, slice(size * ratio + pre, 2 * size * ratio))
-    kept.append(overlap)
+        if config.token_drop:
+            overlap = _take(clip, t_axis, slice(size * ratio + pre, 2 * size * ratio))
+    kept += [overlap] if overlap is not None else []
     return _take(concat(kept, t_axis), t_axis, slice(0, decoded))
 
 

@@ -10,8 +10,9 @@ import math
 from ..common.config import LAYERS, STRIDE, WIDTH, Bound, ConfigError, DiffusersConfig
 
 DEPTH = Bound(256, "a transformer depth; the released ViT decoder has 36 blocks")
-TOKENS = Bound(1024, "a count of register tokens; the release has 4")
-FRAMES = Bound(1024, "frames of a clip; the release encodes 17 at a time and drops 3 latent frames")
+TOKENS = Bound(1024, "a count of register tokens; the release has 4", minimum=0)
+FRAMES = Bound(1024, "frames of a clip; the release encodes 17 at a time")
+DROPPED = Bound(1024, "latent frames an encode drops from each clip's end; the release drops 3", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +58,7 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
         "decoder_num_register_tokens": TOKENS,
         "decoder_ffn_mult": STRIDE,
         "clip_length": FRAMES,
-        "token_drop": FRAMES,
+        "token_drop": DROPPED,
     }
 
     @property
@@ -141,14 +142,14 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
     @property
     def min_decoded_latent_frames(self) -> int:
         """diffusers' decode makes no chunk of fewer (a single encoded image's one latent frame included)."""
-        return max(self.tokens_chunk_size - self.token_drop + 1, 1)
+        return max(self.tokens_chunk_size - self.token_drop + 1, 1) if self.token_drop else 1
 
     def decode_chunks(self, latent_frames: int) -> tuple[int, int]:
-        """(chunks decoded, latent frames repeated at the end to fill the last one), as diffusers' `_decode` (with
-        token_drop at least 1, as its bound has it, the last chunk's tail is the overlap)."""
+        """(chunks decoded, latent frames repeated at the end to fill the last one), as diffusers' `_decode`: where
+        an encode drops frames, the chunk after the last is its overlap alone, decoded with it."""
         tokens = latent_frames + self.token_drop
         pad_tokens = -tokens % self.tokens_chunk_size
-        return (tokens + pad_tokens) // self.tokens_chunk_size - 1, pad_tokens
+        return (tokens + pad_tokens) // self.tokens_chunk_size - (self.token_drop > 0), pad_tokens
 
     def padded_frames(self, latent_frames: int, pad_tokens: int) -> int:
         """The trailing frames the `pad_tokens` repeated latent frames decoded to: a chunk's last latent frame covers

@@ -11,14 +11,15 @@ DEFAULT_ARCH = dict(
     temporal_downsample_factors=[2, 2], norm_num_groups=8, decoder_num_layers=2, decoder_num_attention_heads=2,
     decoder_attention_head_dim=24,
 )  # fmt: skip
-# another rotary share (all of each head's channels), register count, padding mode, clip geometry and depth: three
-# levels, 8x in space with a level that downsamples in space alone, 2x in time
+# another rotary share (all of each head's channels), padding mode, clip geometry and depth, no register tokens and
+# no latent frames dropped (chunks then meet without a cross-fade): three levels, 8x in space with a level that
+# downsamples in space alone, 2x in time
 OTHER_CONFIG = dict(
     block_out_channels=[8, 16, 16], layers_per_block=2, spatial_downsample_factors=[2, 2, 2],
     temporal_downsample_factors=[2, 1, 1], norm_num_groups=4, spatial_padding_mode="replicate", latent_channels=4,
     latents_mean=[0.0] * 4, latents_std=[1.0] * 4, decoder_num_layers=1, decoder_num_attention_heads=3,
-    decoder_attention_head_dim=12, decoder_num_register_tokens=2, decoder_rope_dim_ratio=1.0, clip_length=9,
-    token_drop=3,
+    decoder_attention_head_dim=12, decoder_num_register_tokens=0, decoder_rope_dim_ratio=1.0, clip_length=9,
+    token_drop=0,
 )  # fmt: skip
 
 TESTING = FamilyTesting(
