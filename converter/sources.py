@@ -91,7 +91,7 @@ def ensure_weights_or_counts(weights, keys):
 
 
 def _safetensors_tensors(path: Path) -> tuple[dict, dict]:
-    f = SafetensorsFile(path)
+    f = SafetensorsFile(path, copy_on_write=True)  # writable views: validation's reference uses them in place
     tensors = {
         key: (f.specs[key], functools.partial(f.__getitem__, key), functools.partial(f.release, key))
         for key in f.keys()
