@@ -1,16 +1,17 @@
-"""The benchmark's smoke mode runs end to end and reports every measurement (the full run is bench/run.py)."""
+"""The benchmark's smoke mode runs end to end and reports every measurement (the full run is bench/run.py); the
+operations its rates count are those an independent count finds."""
 
 import json
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from tests.helpers import REPO
 
-pytestmark = pytest.mark.slow  # the benchmark's every task, each a fresh process
 
-
+@pytest.mark.slow  # the benchmark's every task, each a fresh process
 def test_benchmark_smoke_mode(tmp_path):
     subprocess.run(
         [sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)],
@@ -49,3 +50,56 @@ def test_benchmark_smoke_mode(tmp_path):
     full = markdown(results)
     assert "| wan2.1 | diffusers |" in full and "| torch |" not in full
     assert f"| wan2.1 | flax+cache | {runs['flax']['decode']['first']:.2f} s | - |" in full
+
+
+def _counted_by_hooks(model, call) -> float:
+    """GFLOP of `call()` on diffusers' `model` (the oracle's model, not the project's) counted by hooks, not by
+    PyTorch's FlopCounterMode: 2 per multiply-add of each convolution and linear layer (its output's size times its
+    weight's fan-in) and of attention's two products."""
+    total = 0
+
+    def layer(module, inputs, output):
+        nonlocal total
+        total += 2 * output.numel() * module.weight[0].numel()
+
+    layers = (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.Linear)
+    hooks = [m.register_forward_hook(layer) for m in model.modules() if isinstance(m, layers)]
+    attention = torch.nn.functional.scaled_dot_product_attention
+
+    def counted_attention(q, k, v, *args, **kwargs):
+        nonlocal total
+        total += 2 * q.shape[:-1].numel() * k.shape[-2] * (q.shape[-1] + v.shape[-1])
+        return attention(q, k, v, *args, **kwargs)
+
+    torch.nn.functional.scaled_dot_product_attention = counted_attention
+    try:
+        with torch.device("meta"), torch.no_grad():
+            call()
+    finally:
+        torch.nn.functional.scaled_dot_product_attention = attention
+        for hook in hooks:
+            hook.remove()
+    return total / 1e9
+
+
+# an image VAE with attention in its mid-block, and one of convolutions alone; latent and image sizes not square
+@pytest.mark.parametrize(
+    "model_name, latent, image", [("sd1.5", [1, 4, 6, 4], [1, 3, 48, 32]), ("taesd", [1, 4, 8, 12], [1, 3, 64, 96])]
+)
+def test_the_operations_counted_are_those_diffusers_model_runs(model_name, latent, image):
+    import diffusers
+
+    from bench.flops import count
+    from converter.registry import config_from_dict, get_model, small_config
+
+    entry = get_model(model_name)
+    config = {**entry.config, **small_config(entry)}
+    with torch.device("meta"):
+        model = getattr(diffusers, config_from_dict(entry.family, config).class_name).from_config(config).eval()
+    assert not any(isinstance(m, torch.nn.modules.conv._ConvTransposeNd) for m in model.modules())
+    expected = {
+        "decode": _counted_by_hooks(model, lambda: model.decode(torch.zeros(latent))),
+        "encode": _counted_by_hooks(model, lambda: model.encode(torch.zeros(image))),
+    }
+    assert expected["decode"] > 0 and expected["encode"] > 0
+    assert count(model_name, latent, image, small=True) == pytest.approx(expected, rel=1e-9)
