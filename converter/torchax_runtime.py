@@ -120,8 +120,8 @@ def _channels_last_elementwise(jax_op):
 
 
 def kernel_order(ndim: int) -> tuple[int, ...]:
-    """A convolution kernel's axes, PyTorch's (O, C/groups, *window) -> (*window, C/groups, O): the order the
-    lowering reads. `np.argsort` of it turns it back."""
+    """A convolution kernel's axes, PyTorch's (O, C/groups, *window) -> (*window, C/groups, O) (a linear layer's
+    (out, in) -> (in, out)): the order the lowering reads. `np.argsort` of it turns it back."""
     return (*range(2, ndim), 1, 0)
 
 
@@ -226,14 +226,17 @@ class TorchaxVAE:
     each 2D and 3D convolution's kernel stored ([kT,] kH, kW, C, O), the order XLA's convolutions and matrix
     products read. Inside a step the kernel is seen as PyTorch's (O, C, [kT,] kH, kW) again, and the convolution's
     lowering turns it back, so XLA sees the stored kernel itself instead of copying a transposed one on every call
-    (the copy cost more than the convolutions on CPU)."""
+    (the copy cost more than the convolutions on CPU). A linear layer's weight is stored (in, out) the same way: a
+    product contracting PyTorch's (out, in) weight on its last axis runs several times slower in XLA:CPU's kernels
+    (docs/performance.md, Design decisions)."""
 
     def __init__(self, model: nn.Module):
         self.torchax_env = torchax_env()
         self.model, self.config = model, model.config
         # the output's dtype: its weights' narrowest (modules kept in float32 aside)
         self.dtype = min({p.dtype for p in model.parameters()}, key=lambda d: d.itemsize)
-        self.kernels = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, (nn.Conv2d, nn.Conv3d))}
+        stored_transposed = (nn.Conv2d, nn.Conv3d, nn.Linear)
+        self.kernels = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, stored_transposed)}
         self.params = {  # copied onto JAX as `model.to("jax")` copies (a permuted kernel is laid out anew first)
             name: self.torchax_env.t2j_copy(
                 tensor.detach().permute(kernel_order(tensor.ndim)).contiguous()
