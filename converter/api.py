@@ -15,18 +15,19 @@ import warnings
 from pathlib import Path
 
 from converter.output import load_output
-from converter.structure_cache import note
+from converter.structure_cache import OFF, note
 
 COMPILE_CACHE_ENV = "VAE_CONVERT_COMPILE_CACHE"
 
 
 def enable_compile_cache(directory: str | Path | None = None) -> bool:
     """Turns on JAX's persistent compilation cache in `directory` (default: $VAE_CONVERT_COMPILE_CACHE), so a later
-    process reaches its first decode without compiling again. Off unless asked for; returns whether it is on."""
+    process reaches its first decode without compiling again. Off unless asked for (unset, empty or "off", as the
+    structure cache's variable says it); returns whether it is on."""
     import jax
 
     directory = directory or os.environ.get(COMPILE_CACHE_ENV)
-    if not directory:
+    if not directory or str(directory) == OFF:
         return False
     folder = Path(directory).expanduser().absolute()
     jax.config.update("jax_compilation_cache_dir", str(folder))

@@ -22,6 +22,7 @@ from converter.registry import FAMILIES, ensure_plausible_size
 # Where the Flax models' structures are kept between processes: a folder, or "off"; by default vae-convert/structures
 # in the user's cache folder.
 STRUCTURE_CACHE_ENV = "VAE_CONVERT_STRUCTURE_CACHE"
+OFF = "off"  # what a cache variable says to keep nothing (this one and $VAE_CONVERT_COMPILE_CACHE alike)
 
 
 class FlaxStructure(NamedTuple):
@@ -63,7 +64,7 @@ def structure_cache() -> Path | None:
     """The folder of kept structures: $VAE_CONVERT_STRUCTURE_CACHE, else vae-convert/structures in the user's cache
     folder ($XDG_CACHE_HOME, else ~/.cache); None when the variable says off, or there is no home to default to."""
     chosen = os.environ.get(STRUCTURE_CACHE_ENV)
-    if chosen == "off":
+    if chosen == OFF:
         return None
     if chosen:
         return Path(chosen).expanduser().absolute()

@@ -173,6 +173,17 @@ def test_a_compile_cache_that_cannot_keep_entries_is_one_note(flax_outputs, tmp_
     ]
 
 
+def test_off_keeps_no_compiled_steps(tmp_path, monkeypatch):
+    """The word off says no cache, as for the structure cache: not a folder named off in the working directory."""
+    import jax
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(COMPILE_CACHE_ENV, structure_cache.OFF)
+    before = jax.config.jax_compilation_cache_dir
+    assert not converter.enable_compile_cache()
+    assert jax.config.jax_compilation_cache_dir == before and not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize("family", per_family(fast=lambda family: family.name == next(iter(FAMILIES))))
 def test_one_compile_per_chunk_shape(default_arch, family):
     """A whole video compiles two steps (the first chunk, with no history, and the steady chunk), not one per chunk
