@@ -161,11 +161,18 @@ def _check_format(rules, fmt, configs, pairings: list[Path] | None) -> FormatRep
         f"drop rule {rule.name!r} ({rule.where}) takes model key {key!r}" for key, rule in result.dropped.items()
     ]
     # a signature key may be another model's in the file (which the pairings, the VAE's keys, do not list): then a
-    # drop rule takes it
+    # drop rule takes it; or a tensor of a config field (which the pairings do not list either)
     problems += [
         f"signature key {k!r} ({fmt.where}) is not a key of {fmt.pairings} nor dropped"
         for k in fmt.signature
-        if k not in listed and not any(rule.pattern.fullmatch(k) for rule in fmt.drops)
+        if k not in listed
+        and k not in fmt.config_tensors.values()
+        and not any(rule.pattern.fullmatch(k) for rule in fmt.drops)
+    ]
+    problems += [
+        f"config_tensors' {field!r} ({fmt.where}) is not a field of {family.class_name}'s config"
+        for field in fmt.config_tensors
+        if field not in config.to_dict()
     ]
     problems += [
         f"rule {r.shown_name!r} ({r.where}) matches no key of {fmt.pairings}" for r in fmt.rules if not result.hits[r]

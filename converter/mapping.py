@@ -12,6 +12,8 @@ once under `patterns` for rules to use as {name}. A rule is data:
   transpose / squeeze / reshape / reorder: layout changes, applied in the order they are written in the rule
   split:     {axis, parts, groups}: one source tensor becomes a tensor per named part, `{part}` in `to` (a fused
              q/k/v projection, its heads' blocks interleaved: `groups` of them, an expression of the config)
+  weight_norm: {dim}: a weight with its weight norm folded in becomes torch's two, `{part}` g (its norm over every
+             axis but `dim`) and v (the weight itself), which make the same weight again
 A list of rules may name a set of rules the file declares once under `rule_sets` (`- use: ldm-shared`), which
 check-mappings reports by set; YAML anchors and aliases are refused, so that what a format holds is what it says.
 
@@ -22,8 +24,9 @@ each source key matched by exactly one rule, each target leaf filled exactly onc
 `source_formats` holds, per checkpoint layout a user may bring (diffusers' own, the original releases), how to
 recognise it (`signature`: keys only it has, a key written `{key: rank}` where another class has it at another
 rank), how it is packed (`container`), `rules` renaming its keys to diffusers' keys (none: the keys are diffusers'
-already), `drop` rules for tensors that are no model weights, and `filled`: counts a format's files may lack, filled
-with the value diffusers' loader gives them. The target rules then apply to the renamed keys, so one set of target
+already), `drop` rules for tensors that are no model weights, `filled`: counts a format's files may lack, filled
+with the value diffusers' loader gives them, and `config_tensors`: tensors that hold what diffusers keeps as config
+fields. The target rules then apply to the renamed keys, so one set of target
 rules serves every format.
 """
 
@@ -44,7 +47,9 @@ from converter.models.common.config import shown
 
 # The fields each part of a mapping file may have (docs/mapping-format.md documents each; a test keeps the two equal)
 TOP_FIELDS = {"family", "patterns", "lookups", "rule_sets", "targets", "source_formats"}
-RULE_FIELDS = {"name", "match", "to", "lookup", "index", "transpose", "squeeze", "reshape", "reorder", "split"}
+RULE_FIELDS = {
+    "name", "match", "to", "lookup", "index", "transpose", "squeeze", "reshape", "reorder", "split", "weight_norm",
+}  # fmt: skip
 DROP_FIELDS = {"name", "match"}
 USE_FIELDS = {"use"}  # a list entry standing for a rule set
 FORMAT_FIELDS = {
@@ -59,6 +64,7 @@ FORMAT_FIELDS = {
     "rules",
     "drop",
     "filled",
+    "config_tensors",
 }
 INT64 = (-(2**63), 2**63 - 1)  # the range of a count diffusers keeps (a filled value must fit it)
 CONFIG_SOURCES = ("metadata", "folder")  # where a format's files keep their config (`config:`), besides none
@@ -66,6 +72,7 @@ CONTAINER_FIELDS = {"wrapper", "optional"}
 LAYOUT_OPS = ("transpose", "squeeze", "reshape", "reorder")
 REORDER_FIELDS = {"axis", "order"}
 SPLIT_FIELDS = {"axis", "parts", "groups"}
+WEIGHT_NORM_PARTS = ("g", "v")  # torch's weight_g and weight_v
 MAPPINGS_DIR = Path(str(importlib.resources.files("converter.mappings")))
 
 
@@ -168,6 +175,7 @@ class Rule:
     indices: tuple[tuple[str, IndexExpression], ...] = ()  # (group, expression of it and the config)
     rule_set: str | None = None  # the `rule_sets` entry it came from
     split: Split | None = None  # one source tensor becomes one per part
+    weight_norm: int | None = None  # the dim of torch's weight norm a folded weight is taken apart by (g, v)
 
     @property
     def shown_name(self) -> str:
@@ -176,7 +184,13 @@ class Rule:
 
     def targets(self, match: re.Match, config: dict | None = None) -> list[tuple[str, tuple]]:
         """(key, ops) for each tensor the matched one becomes: the filled `to` and the rule's layout changes; for a
-        split, per part, `{part}` filled and the part taken last."""
+        split, per part, `{part}` filled and the part taken last; for a folded weight norm, its g (the norm) and v."""
+        if self.weight_norm is not None:
+            g, v = WEIGHT_NORM_PARTS
+            return [
+                (self.target_key(match, config, part=g), self.ops + (("norm", (self.weight_norm,)),)),
+                (self.target_key(match, config, part=v), self.ops),
+            ]
         if self.split is None:
             return [(self.target_key(match, config), self.ops)]
         groups = 1 if self.split.groups is None else self.split.groups.of_config(config)
@@ -223,6 +237,9 @@ class SourceFormat:
     # the files keep the model's keys under this prefix, beside other models' keys: the rules read the keys under it
     # (without it), the drop rules the others
     prefix: str = ""
+    # config field -> the key of the tensor that holds it (ComfyUI's MiniMax-H3 files keep latents_mean and
+    # latents_std as buffers, where diffusers keeps them in config.json): read by the conversion, no model key
+    config_tensors: dict = dataclasses.field(default_factory=dict)
 
     def candidates(self, key: str) -> tuple[str, tuple[Rule, ...]]:
         """The name the rules see a key by, and the rules (or drop rules) that may take it."""
@@ -429,6 +446,11 @@ def _parse_format(shared: _Shared, name: str, raw) -> SourceFormat:
     prefix = raw.get("prefix", "")
     if not isinstance(prefix, str):
         raise MappingError(f"{where}: 'prefix' of source format {name!r} is a string, got {shown(prefix)}")
+    config_tensors = {k: v for k, v in raw.get("config_tensors", {}).items() if k != "__line__"}
+    if not isinstance(raw.get("config_tensors", {}), dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in config_tensors.items()
+    ):
+        raise MappingError(f"{where}: 'config_tensors' of source format {name!r} maps config fields to tensor keys")
     return SourceFormat(
         name=name,
         about=str(raw.get("about", name)),
@@ -444,6 +466,7 @@ def _parse_format(shared: _Shared, name: str, raw) -> SourceFormat:
         config_from=config,
         filled={str(k): v for k, v in filled.items() if k != "__line__"},
         prefix=prefix,
+        config_tensors=config_tensors,
     )
 
 
@@ -506,7 +529,8 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
     except re.error as e:
         raise MappingError(f"{where}: bad regex {raw['match']!r}: {e}") from None
     split = _split(where, raw.get("split"), tables)
-    _check_template(where, raw["to"], pattern, split)
+    weight_norm = _weight_norm(where, raw.get("weight_norm"), tables, split)
+    _check_template(where, raw["to"], pattern, split is not None or weight_norm is not None)
     lookups = _lookups(where, raw.get("lookup", {}), pattern, tables)
     indices = _indices(where, raw.get("index", {}), pattern, None if tables is None else {g for g, _, _ in lookups})
     ops = []
@@ -520,7 +544,7 @@ def _parse_rule(path: Path, raw, patterns: dict[str, str], tables=None, fields=R
         raise MappingError(f"{where}: a rule's 'name' must be a string, got {shown(name)}")
     return Rule(
         name=name, pattern=pattern, to=raw["to"], ops=tuple(ops), where=where, lookups=lookups, indices=indices,
-        split=split,
+        split=split, weight_norm=weight_norm,
     )  # fmt: skip
 
 
@@ -558,19 +582,29 @@ def _split(where: str, raw, tables) -> Split | None:
     return Split(raw["axis"], tuple(parts), groups)
 
 
-def _check_template(where: str, template: str, pattern: re.Pattern, split: Split | None = None):
-    """A `to` template names the match's groups, `{1}` or `{name}`, and nothing else (a split's, `{part}` too, which
-    it must): it is filled by str.format, which would also run a format spec (`{1:>99999999}`) or reach attributes
-    (`{1.__class__}`)."""
+def _weight_norm(where: str, raw, tables, split: Split | None) -> int | None:
+    if raw is None:
+        return None
+    if tables is None or split is not None:
+        raise MappingError(f"{where}: 'weight_norm' belongs to source-format rules, and a rule splits one way only")
+    if not isinstance(raw, dict) or set(raw) - {"__line__"} != {"dim"} or not _is_int(raw["dim"]):
+        raise MappingError(f"{where}: weight_norm takes {{dim: D}}, the dim torch's weight_norm keeps (its default 0)")
+    return raw["dim"]
+
+
+def _check_template(where: str, template: str, pattern: re.Pattern, parts: bool = False):
+    """A `to` template names the match's groups, `{1}` or `{name}`, and nothing else (a split's or a folded weight
+    norm's, `{part}` too, which it must): it is filled by str.format, which would also run a format spec
+    (`{1:>99999999}`) or reach attributes (`{1.__class__}`)."""
     try:
         parsed = [(field, spec, conversion) for _, field, spec, conversion in string.Formatter().parse(template)]
     except ValueError as e:
         raise MappingError(f"{where}: bad 'to' template {shown(template)}: {e}") from None
     fields = [(field, spec, conversion) for field, spec, conversion in parsed if field is not None]
-    if split is not None and "part" not in [field for field, _, _ in fields]:
+    if parts and "part" not in [field for field, _, _ in fields]:
         raise MappingError(f"{where}: a split's 'to' names {{part}}, the part each tensor is")
     for field, _, _ in fields:
-        if split is not None and field == "part":
+        if parts and field == "part":
             continue
         if not (field.isdigit() and int(field) <= pattern.groups or field in pattern.groupindex):
             raise MappingError(
@@ -643,6 +677,10 @@ def transformed_shape(ops, shape: tuple[int, ...]) -> tuple[int, ...]:
                     f"split into {count} parts of {groups} group(s) along axis {axis} does not fit shape {list(shape)}"
                 )
             shape = tuple(d // count if i == axis % len(shape) else d for i, d in enumerate(shape))
+        elif op == "norm":
+            if not -len(shape) <= arg[0] < len(shape):
+                raise ValueError(f"a weight norm over dim {arg[0]} does not fit shape {list(shape)}")
+            shape = tuple(d if i == arg[0] % len(shape) else 1 for i, d in enumerate(shape))
         else:
             shape = _reshaped(shape, arg)
     return shape
@@ -671,6 +709,10 @@ def apply_ops(ops, array: np.ndarray) -> np.ndarray:
             grouped = array.reshape(*array.shape[:axis], groups, count, -1, *array.shape[axis + 1 :])
             array = grouped[(slice(None),) * (axis + 1) + (part,)]
             array = array.reshape(*array.shape[:axis], -1, *array.shape[axis + 2 :])
+        elif op == "norm":  # torch's norm_except_dim, in float32 at least (bfloat16 and float16 files)
+            others = tuple(i for i in range(array.ndim) if i != arg[0] % array.ndim)
+            wide = array.astype(np.float64 if array.dtype == np.float64 else np.float32)
+            array = np.sqrt(np.sum(wide * wide, axis=others, keepdims=True)).astype(array.dtype)
         else:
             array = array.reshape(arg)
     return array
@@ -738,6 +780,7 @@ def rename_keys(
     filled = filled_counts(fmt, source, diffusers, config)
     expected = {k: shape for k, shape in diffusers.items() if k not in filled}
     section = f"{mapping.path.name} [{fmt.name}]"
+    source = {k: shape for k, shape in source.items() if k not in fmt.config_tensors.values()}
     return match_rules(fmt.rules, fmt.drops, source, expected, section, "diffusers", config, fmt.candidates)
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from converter import enable_compile_cache, mapping, source_formats, sources, validate
 from converter.errors import ConvertError, InputError, MappingError, OutputError, ValidationError
-from converter.models.common.config import ConfigError
+from converter.models.common.config import ConfigError, shown
 from converter.output import (
     MANIFEST,
     OutputFolder,
@@ -277,6 +277,8 @@ def make_plan(req: Request, source: sources.Source) -> Plan:
     choice = choose_config(req, source, fmt, carried_config(family, fmt, weights, shown), given)
     refuse_other_family(req.model, choice.raw)
     raw, inferred = inferred_config(family, choice, fmt, weights)
+    raw, taken = config_from_tensors(fmt, weights, raw, given if given is not None else {} if choice.from_name else raw)
+    inferred += taken
     origin = choice.origin + (f", its {', '.join(inferred)} inferred from the tensors" if inferred else "")
     if choice.from_name:
         origin += " (--config FILE for another)"
@@ -324,6 +326,41 @@ def inferred_config(family, choice: ConfigChoice, fmt, weights) -> tuple[dict, l
             break
         fields = again
     return implied, sorted(k for k, v in implied.items() if named.get(k) != v)
+
+
+MAX_CONFIG_TENSOR = 4096  # values: a config field a tensor holds is a list of per-channel statistics
+
+
+def config_from_tensors(fmt, weights, raw: dict, stated: dict) -> tuple[dict, list[str]]:
+    """The config fields a format's files hold as tensors (`config_tensors`: ComfyUI's MiniMax-H3 latents_mean and
+    latents_std). Where they say what the config says, at the tensor's precision (a float16 file rounds them), the
+    config's values stand; where they say otherwise, the file's values replace the named model's, and are returned
+    to be reported; a config that states the field (--config, the file's config; null states nothing) and disagrees
+    is bad input."""
+    out, taken = dict(raw), []
+    for field, key in fmt.config_tensors.items():
+        shape, _ = weights.specs[key]
+        if len(shape) != 1 or not 0 < shape[0] <= MAX_CONFIG_TENSOR:
+            raise InputError(f"{key}: a tensor of shape {list(shape)}, not the list of values {field} is")
+        held = np.asarray(weights[key])
+        if not np.isfinite(held.astype(np.float32)).all():
+            raise InputError(f"{key}: holds NaN or Inf, which no {field} is")
+        said = raw.get(field)
+        try:
+            rounded = np.asarray(said, np.float64).astype(held.dtype)
+            agrees = rounded.shape == held.shape and np.array_equal(rounded, held)
+        except (TypeError, ValueError):  # not a list of numbers: the config's own check says so
+            agrees = False
+        if agrees:
+            continue
+        if stated.get(field) is not None:
+            raise InputError(
+                f"the file's {key} says {field} is {shown(held.astype(np.float64).tolist())}, the config says "
+                f"{shown(said)}: the config and the weights are of two models"
+            )
+        out[field] = held.astype(np.float64).tolist()
+        taken.append(field)
+    return out, taken
 
 
 def _read_from_shapes(family, shapes: dict, choice: ConfigChoice) -> dict:

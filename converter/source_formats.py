@@ -36,6 +36,8 @@ class KnownFormat:
 
     def knows(self, key: str) -> bool:
         """Whether a rule of this format matches the key (for diffusers' layout: a rule of a target section)."""
+        if key in self.fmt.config_tensors.values():
+            return True
         if not self.fmt.renames:
             return any(r.pattern.fullmatch(key) for r in sum(self.mapping.targets.values(), ()))
         name, rules = self.fmt.candidates(key)

@@ -304,3 +304,47 @@ def test_a_split_belongs_to_source_formats(tmp_path):
     )
     with pytest.raises(MappingError, match="source-format rules"):
         _mapping(tmp_path, text)
+
+
+FOLDED = """
+family: toy
+targets:
+  flax: []
+source_formats:
+  repackaged:
+    signature: [conv.weight]
+    rules:
+      - name: folded
+        match: '(conv|up)\\.weight'
+        to: '{1}.weight_{part}'
+        weight_norm: {dim: 0}
+"""
+
+
+def test_a_folded_weight_norm_becomes_the_g_and_v_that_make_the_same_weight(tmp_path):
+    """g is the weight's norm over every axis but dim (torch's norm_except_dim), v the weight: g v / |v| is the
+    weight again; a weight norm is a source format's, and has no inverse for export."""
+    import numpy as np
+    import torch
+
+    from converter.mapping import apply_ops, inverse_ops, rename_keys
+
+    rules = _mapping(tmp_path, FOLDED)
+    source = {"conv.weight": (4, 3, 5), "up.weight": (3, 2, 4)}
+    expected = {f"{m}.weight_{p}": s if p == "v" else (s[0], 1, 1) for m, s in (("conv", (4, 3, 5)), ("up", (3, 2, 4)))
+                for p in "gv"}  # fmt: skip
+    result = rename_keys(rules, rules.formats["repackaged"], source, expected, {})
+    assert not result.problems, result.problems
+    by_key = {a.target_key: a for a in result.assignments}
+    weight = np.random.default_rng(0).standard_normal((4, 3, 5)).astype(np.float32)
+    g, v = (apply_ops(by_key[f"conv.weight_{p}"].ops, weight) for p in "gv")
+    module = torch.nn.utils.weight_norm(torch.nn.Conv1d(3, 4, 5))
+    with torch.no_grad():
+        module.weight_g.copy_(torch.from_numpy(g))
+        module.weight_v.copy_(torch.from_numpy(v))
+        module(torch.zeros(1, 3, 5))  # its pre-hook makes the weight of g and v
+    assert np.abs(module.weight.detach().numpy() - weight).max() <= 1e-6
+    with pytest.raises(ValueError, match="cannot be inverted"):
+        inverse_ops(by_key["conv.weight_g"].ops, (4, 3, 5))
+    with pytest.raises(MappingError, match="source-format rules"):
+        _mapping(tmp_path, RULES.replace("      transpose: [2, 3, 1, 0]", "      weight_norm: {dim: 0}"))

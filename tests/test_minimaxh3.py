@@ -1,7 +1,8 @@
 """MiniMax-H3's video VAE beyond the generic tests (which take its small configs, clip and chunk frame counts and
 tiling case from models/minimaxh3/testing.py): tiling starts on with diffusers' tiles, as the model was released;
 a latent too short for one chunk is one clear error; MiniMax's original file (fused per-head q/k/v, swapped SwiGLU
-halves) converts to what diffusers' conversion script makes of it, value for value."""
+halves) converts to what diffusers' conversion script makes of it, value for value, and so does ComfyUI's, with the
+latents' statistics it keeps as tensors."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from safetensors.torch import save_file
 
 import converter
 from converter.registry import FAMILIES
-from tests.helpers import PAIRINGS, run_cli, runner
+from tests.helpers import PAIRINGS, run_cli, run_in_process, runner
 
 MINIMAXH3 = FAMILIES["minimaxh3"]
 
@@ -47,21 +48,62 @@ def test_a_latent_shorter_than_a_chunk_is_one_clear_error(outputs, target):
         runner(target, models[target]).decode(z)
 
 
+def _original_file(folder, extra=None):
+    """The seeded tensors make_minimaxh3_pairings.py converted with diffusers' script, written as MiniMax released
+    them (with `extra` tensors beside), and a config.json of their small config."""
+    folder.mkdir(exist_ok=True)
+    small = json.loads((PAIRINGS / "minimaxh3-original.json").read_text())["small"]
+    generator = torch.Generator().manual_seed(small["seed"])
+    original = {key: torch.randn(shape, generator=generator) for key, shape in small["keys"]}
+    save_file({**original, **(extra or {})}, folder / "model.safetensors")
+    (folder / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLMiniMaxH3", **small["config"]}))
+    return folder / "model.safetensors", folder / "config.json", small["diffusers_sha256"]
+
+
+def _digests(out) -> dict:
+    tensors = load_file(out / "diffusion_pytorch_model.safetensors")
+    return {key: hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest() for key, v in sorted(tensors.items())}
+
+
 def test_the_original_file_converts_to_what_diffusers_script_makes_of_it(tmp_path):
     """The oracle is diffusers' scripts/convert_minimax_h3_to_diffusers.py: make_minimaxh3_pairings.py ran it on
     seeded random tensors of a small config and kept each diffusers tensor's digest; the same tensors, written as
     MiniMax released them, convert (and validate) to exactly those."""
-    small = json.loads((PAIRINGS / "minimaxh3-original.json").read_text())["small"]
-    generator = torch.Generator().manual_seed(small["seed"])
-    original = {key: torch.randn(shape, generator=generator) for key, shape in small["keys"]}
-    save_file(original, tmp_path / "model.safetensors")
-    (tmp_path / "config.json").write_text(json.dumps({"_class_name": "AutoencoderKLMiniMaxH3", **small["config"]}))
+    weights, config, expected = _original_file(tmp_path)
     out = tmp_path / "out"
-    run_cli("minimax-h3", "--source", tmp_path / "model.safetensors", "--config", tmp_path / "config.json", "--to",
-            "torchax", "--out", out)  # fmt: skip
-    tensors = load_file(out / "diffusion_pytorch_model.safetensors")
-    digests = {key: hashlib.sha256(np.ascontiguousarray(v).tobytes()).hexdigest() for key, v in sorted(tensors.items())}
-    assert digests == small["diffusers_sha256"]
+    run_cli("minimax-h3", "--source", weights, "--config", config, "--to", "torchax", "--out", out)
+    assert _digests(out) == expected
+
+
+def test_comfyuis_file_converts_with_its_latents_statistics(tmp_path):
+    """ComfyUI's file is the release's keys and the latents' statistics as float16 tensors: it converts to the
+    release's tensors, its statistics where the config would be the named model's (the released values, which say
+    what the file says at float16), and a config that says other statistics is refused (exit 3)."""
+    # the released statistics (the pairings' small config keeps the released 24 latent channels)
+    released = {k: np.asarray(v, np.float64) for k, v in MINIMAXH3.models[0].config.items()}
+    statistics = {k: torch.from_numpy(v.astype(np.float16)) for k, v in released.items()}
+    weights, config, expected = _original_file(tmp_path, statistics)
+    out = tmp_path / "out"
+    result = run_cli("minimax-h3", "--source", weights, "--config", config, "--to", "torchax", "--out", out)
+    assert "minimax-h3-comfyui" in result.stdout + result.stderr
+    assert _digests(out) == expected
+    written = json.loads((out / "config.json").read_text())
+    assert {k: written[k] for k in released} == {k: v.tolist() for k, v in released.items()}  # not float16's
+
+    shifted = {k: torch.from_numpy((v + 0.5).astype(np.float16)) for k, v in released.items()}
+    weights, config, _ = _original_file(tmp_path / "shifted", shifted)
+    out = tmp_path / "shifted-out"
+    run_in_process("minimax-h3", "--source", weights, "--config", config, "--to", "torchax", "--out", out,
+                   "--no-validate", check=True)  # fmt: skip
+    written = json.loads((out / "config.json").read_text())
+    assert {k: written[k] for k in released} == {k: v.numpy().astype(np.float64).tolist() for k, v in shifted.items()}
+
+    stated = json.loads(config.read_text()) | {k: v.tolist() for k, v in released.items()}
+    config.write_text(json.dumps(stated))
+    refused = run_cli("minimax-h3", "--source", weights, "--config", config, "--to", "torchax", "--out",
+                      tmp_path / "refused", check=False)  # fmt: skip
+    assert refused.returncode == 3 and "the config and the weights are of two models" in refused.stderr
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_bfloat16_output_keeps_diffusers_float32_modules(default_arch, tmp_path):

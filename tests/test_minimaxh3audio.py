@@ -1,7 +1,8 @@
 """MiniMax-H3's audio VAE beyond the generic tests (which take its small configs and waveform lengths from
 models/minimaxh3audio/testing.py): stereo as a batch of two as the pipeline runs it, the weight-normed convolutions
-normalised (not their `weight_v` used as it is), its validation drawn and sounded, its float32 outputs, and the
-configs diffusers' class cannot run refused."""
+normalised (not their `weight_v` used as it is), ComfyUI's file (weight norm folded, the latents' statistics as
+tensors), its validation drawn and sounded, its float32 outputs, and the configs diffusers' class cannot run
+refused."""
 
 from __future__ import annotations
 
@@ -48,6 +49,37 @@ def test_weight_norm_is_applied_not_its_direction_alone(default_arch):
     assert np.abs(runner("flax", vae).decode(z) - before).max() <= 1e-5
     conv.weight_g[...] = conv.weight_g[...] * 3.0
     assert np.abs(runner("flax", vae).decode(z) - before).max() > 1e-3
+
+
+def test_comfyuis_file_converts_to_the_model_it_was_folded_from(default_arch, tmp_path):
+    """ComfyUI's file is diffusers' model with torch's remove_weight_norm run on each weight-normed convolution and
+    the latents' statistics kept as tensors: it converts (and validates) to weights diffusers' class reads back as
+    the model it was folded from, its statistics in the config."""
+    from safetensors.torch import save_file
+
+    from tests.helpers import run_in_process
+
+    converted = default_arch(AUDIO)
+    folded = type(converted.reference).from_pretrained(converted.source)
+    for module in folded.modules():
+        if hasattr(module, "weight_g"):
+            torch.nn.utils.remove_weight_norm(module)
+    width = converted.reference.config.latent_channels
+    statistics = {"latents_mean": torch.randn(width) * 0.1, "latents_std": torch.rand(width) + 0.5}
+    save_file({**folded.state_dict(), **statistics}, tmp_path / "audio_vae.safetensors")
+    out = tmp_path / "out"
+    result = run_in_process(converted.name, "--source", tmp_path / "audio_vae.safetensors", "--config",
+                            converted.source / "config.json", "--to", "torchax", "--out", out)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "minimax-h3-audio-comfyui" in result.stdout + result.stderr
+    back = type(converted.reference).from_pretrained(out).eval()
+    assert {k: back.config[k] for k in statistics} == {k: v.double().tolist() for k, v in statistics.items()}
+    waveform = torch.rand(1, 1, 157, generator=torch.Generator().manual_seed(2)) * 2 - 1
+    with torch.no_grad():
+        expected, got = (m.encode(waveform).latent_dist.mean for m in (converted.reference, back))
+        assert (got - expected).abs().max() <= 1e-5
+        expected, got = (m.decode(expected).sample for m in (converted.reference, back))
+        assert (got - expected).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize(
