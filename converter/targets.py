@@ -25,7 +25,7 @@ from converter.mapping import target_path
 from converter.models.common.spec import FamilySpec
 from converter.orbax_io import OrbaxWriter
 from converter.registry import ensure_plausible_size
-from converter.safetensors_io import SafetensorsFile, SafetensorsWriter, nbytes
+from converter.safetensors_io import SafetensorsFile, SafetensorsWriter
 from converter.structure_cache import FlaxStructure, flax_structure
 
 DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
@@ -80,7 +80,7 @@ class Target:
     def open_writer(self, fmt: str, out_dir: Path, specs: dict, metadata: dict):
         path = out_dir / self.weight_files[fmt]
         if fmt == "orbax":
-            return OrbaxWriter(path, metadata, sum(nbytes(shape, dtype) for shape, dtype in specs.values()))
+            return OrbaxWriter(path, metadata)
         return SafetensorsWriter(
             path, specs, {k: v if isinstance(v, str) else json.dumps(v) for k, v in metadata.items()}
         )

@@ -37,11 +37,22 @@ def outputs(wan_small, tmp_path_factory):
     }
     for folder, args in outputs.items():
         run_in_process("wan2.1", "--source", source, *args, "--out", root / folder, "--no-validate", check=True)
-    # what earlier versions wrote: Orbax's default layout, one OCDBT store of zarr3 arrays
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(orbax_io, "ORBAX_SAVING", {"use_ocdbt": True, "use_zarr3": True, "use_compression": False})
-        converter.save(converter.load(root / "flax"), root / "flax-ocdbt")
+    # what earlier versions wrote: Orbax's default layout, one OCDBT store of zarr3 arrays, saved by Orbax itself
+    shutil.copytree(root / "flax", root / "flax-ocdbt")
+    shutil.rmtree(root / "flax-ocdbt" / "state")
+    _orbax_save(root / "flax-ocdbt" / "state", nnx.to_pure_dict(nnx.state(converter.load(root / "flax"))))
     return root
+
+
+def _orbax_save(path, tree, **saving):
+    """`tree` saved by Orbax's own v1 API, as the README's loader reads it (`saving`: Orbax's array options)."""
+    import orbax.checkpoint.experimental.v1 as ocp
+
+    context = ocp.Context()
+    for option, value in saving.items():
+        setattr(context.array.saving, option, value)
+    with context:
+        ocp.save_pytree(path, jax.tree.map(np.asarray, tree))
 
 
 LATENT = np.linspace(-1, 1, 3 * 2 * 2 * 4, dtype=np.float32).reshape(1, 3, 2, 2, 4)
@@ -186,6 +197,26 @@ def test_orbax_reads_the_flax_output_as_the_readme_says(outputs, caplog):
     assert jax.tree.structure(loaded) == jax.tree.structure(state)
     for got, want in zip(jax.tree.leaves(loaded), jax.tree.leaves(state)):
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_flax_output_is_laid_out_as_orbax_lays_it_out(outputs, tmp_path):
+    """The writer writes Orbax's layout itself (Orbax's saves cost more than the bytes): the same files, each
+    leaf's .zarray and bytes the same, the metadata the same but for the times, the folder it was committed in and
+    the custom metadata (the manifest)."""
+    state = nnx.to_pure_dict(nnx.state(converter.load(outputs / "flax")))
+    _orbax_save(tmp_path / "state", state, **orbax_io.ORBAX_SAVING)
+    ours, orbax = outputs / "flax" / "state", tmp_path / "state"
+    files = {str(p.relative_to(orbax)) for p in orbax.rglob("*") if p.is_file()}
+    assert {str(p.relative_to(ours)) for p in ours.rglob("*") if p.is_file()} == files
+    metadata = {"_CHECKPOINT_METADATA", "commit_success.txt", "state/_METADATA"}
+    for name in sorted(files - metadata):
+        assert (ours / name).read_bytes() == (orbax / name).read_bytes(), name
+    assert json.loads((ours / "state/_METADATA").read_text()) == json.loads((orbax / "state/_METADATA").read_text())
+    unsaid = ("init_timestamp_nsecs", "commit_timestamp_nsecs", "custom_metadata")
+    checkpoints = [json.loads((folder / "_CHECKPOINT_METADATA").read_text()) for folder in (ours, orbax)]
+    assert [{k: v for k, v in c.items() if k not in unsaid} for c in checkpoints] == [
+        {k: v for k, v in checkpoints[1].items() if k not in unsaid}
+    ] * 2
 
 
 @pytest.mark.slow
