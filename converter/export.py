@@ -160,7 +160,7 @@ def save(vae, path: str | Path, fmt: str = "orbax", force: bool = False) -> Path
     fixed = FLAX.fixed_dtype_leaves(family, vae.config)
     # a model whose every module stays float32 has no other dtype
     dtypes = {np.dtype(v.dtype) for k, v in leaves.items() if k not in fixed} or {np.dtype(np.float32)}
-    if len(dtypes) != 1 or next(iter(dtypes)) not in DTYPES.values():
+    if len(dtypes) != 1 or next(iter(dtypes)).name not in DTYPES:
         raise InputError(
             f"save: the parameters must share one of {', '.join(DTYPES)}; found {sorted(map(str, dtypes))}"
         )

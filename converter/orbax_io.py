@@ -10,12 +10,11 @@ import os
 import time
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from converter import untrusted
 from converter.errors import InputError
-from converter.safetensors_io import nbytes
+from converter.safetensors_io import Dtypes, nbytes
 
 ORBAX_ITEM = "state"  # the name Orbax gives the one PyTree in the checkpoint
 # How Orbax lays the checkpoint out: each leaf a zarr (v2) array in a folder of its own, its bytes uncompressed in one
@@ -56,13 +55,8 @@ def _read_small(path: str) -> bytes:
         os.close(fd)
 
 
-_ZARR_DTYPES = {
-    "<f4": np.dtype(np.float32),
-    "<f2": np.dtype(np.float16),
-    "bfloat16": np.dtype(ml_dtypes.bfloat16),
-    "<i4": np.dtype(np.int32),  # counts (BatchNorm's batches)
-}
-_ZARR_NAMES = {dtype: name for name, dtype in _ZARR_DTYPES.items()}
+_ZARR_DTYPES = Dtypes({"<f4": "float32", "<f2": "float16", "bfloat16": "bfloat16", "<i4": "int32"})  # i4: counts
+_ZARR_NAMES = {dtype: name for name, dtype in _ZARR_DTYPES.names.items()}  # a dtype's name -> zarr's
 
 # Data files from this size on are mapped, page-aligned, so JAX on CPU takes them as they are and their pages are read
 # on first use, as from_pretrained does; smaller ones (biases, norms: most of a model's leaves) are read, since a
@@ -165,7 +159,7 @@ class OrbaxWriter:
         folder.mkdir()
         meta = {
             "chunks": list(array.shape), "compressor": None, "dimension_separator": ".",
-            "dtype": _ZARR_NAMES[np.dtype(array.dtype)], "fill_value": None, "filters": None, "order": "C",
+            "dtype": _ZARR_NAMES[array.dtype.name], "fill_value": None, "filters": None, "order": "C",
             "shape": list(array.shape), "zarr_format": 2,
         }  # fmt: skip
         (folder / ".zarray").write_text(json.dumps(meta, sort_keys=True, separators=(",", ":")))

@@ -171,7 +171,7 @@ def choose_dtype(requested: str, weights: sources.SourceWeights, say: Callable[[
         names = ", ".join(sorted(d.name for d in found))
         raise InputError(f"--dtype auto: the source mixes floating dtypes ({names}); pick one with --dtype")
     dtype = found.pop()
-    if dtype not in DTYPES.values():
+    if dtype.name not in DTYPES:
         raise InputError(f"--dtype auto: source dtype {dtype.name} is not a supported output dtype; pick one")
     say(f"dtype: auto -> {dtype.name} (the source's dtype)")
     return dtype

@@ -11,35 +11,55 @@ import json
 import mmap
 import os
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from converter import untrusted
 from converter.errors import InputError
 
-DTYPES = {
-    "F64": np.dtype(np.float64),
-    "F32": np.dtype(np.float32),
-    "F16": np.dtype(np.float16),
-    "BF16": np.dtype(ml_dtypes.bfloat16),
-    "I64": np.dtype(np.int64),
-    "I32": np.dtype(np.int32),
-    "I16": np.dtype(np.int16),
-    "I8": np.dtype(np.int8),
-    "U8": np.dtype(np.uint8),
-    "BOOL": np.dtype(np.bool_),
-    # the rest of safetensors' dtypes: whole checkpoints keep their other models in them (an fp8 or 8-bit quantized
-    # transformer beside a float VAE); read for their shapes, dropped, never converted
-    "U16": np.dtype(np.uint16),
-    "U32": np.dtype(np.uint32),
-    "U64": np.dtype(np.uint64),
-    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
-    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
-    "F8_E8M0": np.dtype(ml_dtypes.float8_e8m0fnu),
-}
-CODES = {dtype: code for code, dtype in DTYPES.items()}
+
+class Dtypes(Mapping):
+    """{key: numpy dtype} from {key: the dtype's name}: ml_dtypes' dtypes (bfloat16, the float8s) are made on first
+    use, since ml_dtypes' import takes about half a second, which a float32 conversion need not pay."""
+
+    def __init__(self, names: dict[str, str]):
+        self.names, self._made = names, {}
+
+    def __getitem__(self, key) -> np.dtype:
+        if key not in self._made:
+            name = self.names[key]
+            if name in ML_DTYPES:
+                import ml_dtypes
+
+                self._made[key] = np.dtype(getattr(ml_dtypes, name))
+            else:
+                self._made[key] = np.dtype(name)
+        return self._made[key]
+
+    def __contains__(self, key) -> bool:
+        return key in self.names
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+ML_DTYPES = {"bfloat16", "float8_e4m3fn", "float8_e5m2", "float8_e8m0fnu"}
+DTYPES = Dtypes(
+    {
+        "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64", "I32": "int32",
+        "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+        # the rest of safetensors' dtypes: whole checkpoints keep their other models in them (an fp8 or 8-bit
+        # quantized transformer beside a float VAE); read for their shapes, dropped, never converted
+        "U16": "uint16", "U32": "uint32", "U64": "uint64", "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2",
+        "F8_E8M0": "float8_e8m0fnu",
+    }
+)  # fmt: skip
+CODES = {name: code for code, name in DTYPES.names.items()}  # a dtype's name -> its safetensors code
 MAX_HEADER = 100 * 1024 * 1024
 ALIGNMENT = 64
 
@@ -160,7 +180,7 @@ class SafetensorsWriter:
         for name, (shape, dtype) in sorted(specs.items(), key=lambda item: nbytes(*item[1]) % ALIGNMENT != 0):
             size = nbytes(shape, dtype)
             header[name] = {
-                "dtype": CODES[np.dtype(dtype)],
+                "dtype": CODES[np.dtype(dtype).name],
                 "shape": list(shape),
                 "data_offsets": [offset, offset + size],
             }

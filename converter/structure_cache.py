@@ -1,17 +1,20 @@
 """The Flax models' structures (an abstract model from `nnx.eval_shape`, with its variables listed): made once per
 process, kept between processes in a private cache folder, read back only from a file this user alone could have
-written (docs/security.md)."""
+written (docs/security.md). Beside each, the leaves' shapes and dtypes, which is all a conversion plans with: one
+that does not validate then needs neither Flax nor JAX."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import pickle
 import stat
 import sys
 import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
 
@@ -60,6 +63,40 @@ def flax_structure(family_name: str, config, dtype: np.dtype) -> FlaxStructure:
     return structure
 
 
+_LEAVES: dict[tuple, dict] = {}  # (family, config) -> the float32 model's leaf specs, for this process
+LEAVES_SUFFIX = ".leaves.json"
+LEAF_DTYPES = ("float32", "int32")  # the float32 model's: weights, and counts (JAX keeps 32-bit integers)
+
+
+def leaf_specs(family_name: str, config, make) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The float32 model's leaves, dotted, each with its shape and dtype: `make(structure)` of its structure, or
+    kept beside it from an earlier process (a JSON file, read as the structures are: `_read_private`)."""
+    key = (family_name, config)
+    if key in _LEAVES:
+        return _LEAVES[key]
+    entry = _structure_entry(family_name, config, np.dtype(np.float32))
+    kept = entry.with_suffix(LEAVES_SUFFIX) if entry is not None else None
+    specs = _read_leaves(kept) if kept is not None else None
+    if specs is None:
+        specs = make(flax_structure(family_name, config, np.dtype(np.float32)))
+        if kept is not None:
+            shown = {k: [list(shape), dtype.name] for k, (shape, dtype) in specs.items()}
+            _write_structure(kept, json.dumps(shown).encode())
+    _LEAVES[key] = specs
+    return specs
+
+
+def _read_leaves(kept: Path) -> dict | None:
+    data = _read_private(kept)
+    try:
+        raw = json.loads(data) if data is not None else None
+        specs = {k: (tuple(shape), np.dtype(LEAF_DTYPES[LEAF_DTYPES.index(name)])) for k, (shape, name) in raw.items()}
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):  # damaged or foreign: made anew
+        return None
+    fits = all(isinstance(k, str) and all(type(d) is int and d >= 0 for d in s) for k, (s, _) in specs.items())
+    return specs if fits else None
+
+
 def structure_cache() -> Path | None:
     """The folder of kept structures: $VAE_CONVERT_STRUCTURE_CACHE, else vae-convert/structures in the user's cache
     folder ($XDG_CACHE_HOME, else ~/.cache); None when the variable says off, or there is no home to default to."""
@@ -77,14 +114,13 @@ def structure_cache() -> Path | None:
 
 def _structure_entry(family_name: str, config, dtype: np.dtype) -> Path | None:
     """The cache file of one abstract model, named by all it is made from: the config, the dtype, the model code, and
-    the Flax, JAX and Python whose objects it pickles. None while the cache is off."""
-    import flax
-    import jax
-
+    the Flax, JAX and Python whose objects it pickles (their versions as installed: asked without importing them).
+    None while the cache is off."""
     directory = structure_cache()
     if directory is None:
         return None
-    made_from = (family_name, config, dtype.name, flax.__version__, jax.__version__, sys.version_info[:2])
+    versions = (metadata.version("flax"), metadata.version("jax"), sys.version_info[:2])
+    made_from = (family_name, config, dtype.name, *versions)
     key = hashlib.sha256(repr((made_from, _models_digest())).encode()).hexdigest()
     return directory / f"{key}.pickle"
 
@@ -106,6 +142,19 @@ def _read_structure(entry: Path) -> tuple[bytes, FlaxStructure] | None:
     alone, in a folder of ours that only we can write (`_private_folder`). It is then made anew."""
     from flax import nnx
 
+    kept = _read_private(entry)
+    if kept is None:
+        return None
+    try:
+        structure = pickle.loads(kept)
+    except Exception:  # truncated or foreign: unpickling raises any of a dozen types
+        return None
+    whole = isinstance(structure, FlaxStructure) and isinstance(structure.model, nnx.Module)
+    return (kept, structure) if whole else None
+
+
+def _read_private(entry: Path) -> bytes | None:
+    """A kept entry's bytes, or None where there is none or someone else could have written it (`_read_structure`)."""
     if not _private_folder(entry.parent):
         return None
     try:
@@ -117,12 +166,9 @@ def _read_structure(entry: Path) -> tuple[bytes, FlaxStructure] | None:
             status = os.fstat(file.fileno())
             if not _ours_alone(status) or status.st_nlink != 1:
                 return None
-            kept = file.read()
-        structure = pickle.loads(kept)
-    except Exception:  # truncated or foreign: unpickling raises any of a dozen types
+            return file.read()
+    except OSError:
         return None
-    whole = isinstance(structure, FlaxStructure) and isinstance(structure.model, nnx.Module)
-    return (kept, structure) if whole else None
 
 
 def _ours_alone(status: os.stat_result) -> bool:

@@ -16,7 +16,6 @@ import json
 import math
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 from converter import compat, orbax_io
@@ -25,10 +24,10 @@ from converter.mapping import target_path
 from converter.models.common.spec import FamilySpec
 from converter.orbax_io import OrbaxWriter
 from converter.registry import ensure_plausible_size
-from converter.safetensors_io import SafetensorsFile, SafetensorsWriter
-from converter.structure_cache import FlaxStructure, flax_structure
+from converter.safetensors_io import Dtypes, SafetensorsFile, SafetensorsWriter
+from converter.structure_cache import FlaxStructure, flax_structure, leaf_specs
 
-DTYPES = {"float32": np.dtype(np.float32), "bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
+DTYPES = Dtypes({"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"})  # --dtype's, by numpy's names
 
 
 def kept_in_float32(family: FamilySpec, key: str) -> bool:
@@ -126,18 +125,21 @@ class FlaxTarget(Target):
         return flax_structure(family.name, config, np.dtype(dtype))
 
     def leaf_shapes(self, family, config):
-        return {
-            ".".join(map(str, path)): tuple(compat.variable_value(v).shape)
-            for path, v in self.empty_model(family, config, np.float32).variables
-        }
+        return {key: shape for key, (shape, _) in self._leaf_specs(family, config).items()}
 
     def integer_leaves(self, family, config):
         # JAX keeps 32-bit integers unless x64 is on: the model declares its counts int32
-        return {
-            ".".join(map(str, path)): np.dtype(compat.variable_value(v).dtype)
-            for path, v in self.empty_model(family, config, np.float32).variables
-            if is_count(compat.variable_value(v).dtype)
-        }
+        return {key: dtype for key, (_, dtype) in self._leaf_specs(family, config).items() if is_count(dtype)}
+
+    @staticmethod
+    def _leaf_specs(family, config) -> dict:
+        """The float32 model's leaves with their shapes and dtypes, kept by the structure cache."""
+
+        def made(structure):
+            values = ((path, compat.variable_value(v)) for path, v in structure.variables)
+            return {".".join(map(str, path)): (tuple(v.shape), np.dtype(v.dtype)) for path, v in values}
+
+        return leaf_specs(family.name, config, made)
 
     def read_weights(self, out):
         path = _weights_path(out.path, self.weight_files[out.fmt])

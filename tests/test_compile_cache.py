@@ -173,6 +173,39 @@ def test_a_compile_cache_that_cannot_keep_entries_is_one_note(flax_outputs, tmp_
     ]
 
 
+CONVERT_WITHOUT_VALIDATION = """
+import sys
+from converter.cli import cli
+try:
+    cli.main([*sys.argv[1:], "--no-validate", "--force"], standalone_mode=False)
+except SystemExit as e:
+    assert not e.code, e.code
+print(sorted(m for m in ("jax", "flax", "ml_dtypes", "torch") if m in sys.modules))
+"""
+
+
+def test_a_conversion_not_validated_needs_no_jax_once_the_cache_holds_its_leaves(wan_small, tmp_path):
+    """The structure cache keeps each model's leaf shapes and dtypes beside its structure: a later float32 conversion
+    that does not validate plans without building the model, and imports neither JAX, Flax nor ml_dtypes (their
+    imports take about a second, more than converting a VAE); leaves kept damaged are made anew."""
+    source, _ = wan_small
+    env = {**environment_without_compile_cache(), STRUCTURE_CACHE_ENV: str(tmp_path / "cache")}
+    args = ["wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out"]
+
+    def imported():
+        command = [sys.executable, "-c", CONVERT_WITHOUT_VALIDATION, *map(str, args)]
+        result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, check=True)
+        return result.stdout.splitlines()[-1]
+
+    assert imported() == "['flax', 'jax', 'ml_dtypes']"  # the first builds the model
+    assert imported() == "[]"
+    (kept,) = (tmp_path / "cache").glob(f"*{structure_cache.LEAVES_SUFFIX}")
+    kept.write_text(kept.read_text()[:-9])
+    assert imported() == "['flax', 'jax', 'ml_dtypes']"
+    assert imported() == "[]"
+    assert converter.load(tmp_path / "out").decode(np.zeros((1, 2, 4, 4, 4), np.float32)).shape[1] > 2
+
+
 def test_off_keeps_no_compiled_steps(tmp_path, monkeypatch):
     """The word off says no cache, as for the structure cache: not a folder named off in the working directory."""
     import jax
