@@ -446,9 +446,9 @@ def _parse_format(shared: _Shared, name: str, raw) -> SourceFormat:
     prefix = raw.get("prefix", "")
     if not isinstance(prefix, str):
         raise MappingError(f"{where}: 'prefix' of source format {name!r} is a string, got {shown(prefix)}")
-    config_tensors = {k: v for k, v in raw.get("config_tensors", {}).items() if k != "__line__"}
-    if not isinstance(raw.get("config_tensors", {}), dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in config_tensors.items()
+    config_tensors = raw.get("config_tensors", {})
+    if not isinstance(config_tensors, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in config_tensors.items() if k != "__line__"
     ):
         raise MappingError(f"{where}: 'config_tensors' of source format {name!r} maps config fields to tensor keys")
     return SourceFormat(
@@ -466,7 +466,7 @@ def _parse_format(shared: _Shared, name: str, raw) -> SourceFormat:
         config_from=config,
         filled={str(k): v for k, v in filled.items() if k != "__line__"},
         prefix=prefix,
-        config_tensors=config_tensors,
+        config_tensors={k: v for k, v in config_tensors.items() if k != "__line__"},
     )
 
 
