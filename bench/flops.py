@@ -36,14 +36,14 @@ def _reference(model: str, small: bool = False):
         return entry.family.torch_model()(config).eval(), entry.family, config
 
 
-def encoded_shape(model: str, sample: list[int]) -> list[int]:
+def encoded_shape(model: str, sample: list[int], small: bool = False) -> list[int]:
     """The shape of the latent `model`'s architecture encodes a `sample` (channels-first) to, worked out on the meta
-    device (nothing computed)."""
+    device (nothing computed; `small`: at the family's small widths)."""
     import torch
 
     from converter.models.common.protocol import encoded
 
-    reference, _, _ = _reference(model)
+    reference, _, _ = _reference(model, small)
     with torch.device("meta"), torch.no_grad():
         return list(encoded(reference.encode(torch.zeros(sample)))[0].shape)
 

@@ -52,6 +52,26 @@ def test_benchmark_smoke_mode(tmp_path):
     assert f"| wan2.1 | flax+cache | {runs['flax']['decode']['first']:.2f} s | - |" in full
 
 
+@pytest.mark.slow  # every implementation and dtype, each first call a fresh process
+def test_accelerator_table_smoke_mode(tmp_path):
+    """The accelerator table's command runs every path (Flax, torchax, diffusers eager and compiled, in bfloat16,
+    tiled) at small widths on this machine, so that a lent GPU's time goes to measuring."""
+    subprocess.run(
+        [sys.executable, "-m", "bench.accelerator", "--smoke", "--out", str(tmp_path)],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    results = json.loads((tmp_path / "accelerator-smoke.json").read_text())
+    (row,) = results["rows"].values()
+    measured = row["dtypes"]["bfloat16"]
+    for impl in ("flax", "torchax", "diffusers", "diffusers+compile"):
+        assert all(measured[k][impl][part] > 0 for k in ("first", "steady") for part in ("decode", "encode"))
+    assert all(row["gflop"][part] > 0 for part in ("decode", "encode"))
+    assert "| diffusers+compile | encode |" in (tmp_path / "accelerator-smoke.md").read_text()
+
+
 def _counted_by_hooks(model, call) -> float:
     """GFLOP of `call()` on diffusers' `model` (the oracle's model, not the project's) counted by hooks, not by
     PyTorch's FlopCounterMode: 2 per multiply-add of each convolution and linear layer (its output's size times its

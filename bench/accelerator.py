@@ -1,0 +1,250 @@
+"""The accelerator table: each model at the resolution its pipelines run, decoded and encoded by Flax, torchax,
+diffusers eager and diffusers under `torch.compile`, in float32 and bfloat16, on the machine's accelerator:
+
+    python -m bench.accelerator                       # every row (a lent GPU: about the whole lease)
+    python -m bench.accelerator --rows wan2.1 sd1.5   # the rows of some models
+    python -m bench.accelerator --smoke               # small widths and sizes, on any machine (the tests run it)
+
+Per row and dtype: a random checkpoint of the real architecture (`vae-convert random-checkpoint`), converted to each
+target in that dtype (no validation); then, each in a fresh process, every implementation's first decode and encode
+(compiling, for the jitted ones and torch.compile) with the peak device memory it reached, the jitted ones' first
+calls again in another process that finds the persistent compilation cache the first filled, and the steady calls
+of all of them taking turns in one process (the best of the rounds, each timed call after one of its own). The rate
+is the steady call's operations (counted as bench.flops counts them: 2 per multiply-add of the reference model's
+convolutions, matrix products and attention) over its time. Results: bench/results/accelerator.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench import diffusers_class_of, diffusers_decode
+from bench.flops import count, encoded_shape
+from bench.run import REPO, _device, _environment, _seconds_of, _vae_convert
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    model: str
+    sample: tuple[int, ...]  # channels-first: (B, C, T, H, W) video or (B, C, H, W) image
+    tiled: bool = False  # tiling on (MiniMax-H3 tiles whatever this says: it was released tiled)
+
+    @property
+    def name(self) -> str:
+        return f"{self.model} {'x'.join(map(str, self.sample[2:]))}{' tiled' if self.tiled else ''}"
+
+
+ROWS = (
+    Row("wan2.1", (1, 3, 81, 720, 1280)),
+    Row("wan2.2", (1, 3, 81, 704, 1280)),  # TI2V-5B's 720p
+    Row("ltx-video", (1, 3, 121, 704, 1216)),
+    Row("hunyuanvideo", (1, 3, 129, 720, 1280), tiled=True),
+    Row("flux.1-dev", (1, 3, 1024, 1024)),
+    Row("flux.2-dev", (1, 3, 1024, 1024)),
+    Row("flux.1-dev", (1, 3, 2048, 2048), tiled=True),
+    Row("flux.2-dev", (1, 3, 2048, 2048), tiled=True),
+    Row("minimax-h3", (1, 3, 124, 768, 1344)),
+)
+# the small widths (random-checkpoint --small) with tiling on: every path but a video's, which bench.run's smoke mode
+# takes
+SMOKE_ROWS = (Row("sd1.5", (1, 3, 64, 96), tiled=True),)
+IMPLEMENTATIONS = ("flax", "torchax", "diffusers", "diffusers+compile")
+JITTED = ("flax", "torchax")
+DTYPES = ("float32", "bfloat16")
+SMOKE_DTYPES = ("bfloat16",)  # the paths that differ from float32's are the casts; a second dtype doubles the time
+STEADY_ROUNDS = 2
+
+
+def _calls(impl: str, path: str, dtype: str, latent: list, sample: list, tiled: bool, smoke: bool) -> dict:
+    """{"decode": call, "encode": call} of one implementation in `dtype` on fixed inputs, numpy in and out."""
+    import numpy as np
+    import torch
+
+    import converter
+    from converter.models.common.protocol import encoded
+    from converter.registry import config_from_dict, family_for_class
+    from converter.targets import TARGETS
+    from converter.validate import decode_inputs
+
+    rng = np.random.default_rng(0)
+    z, x = rng.standard_normal(latent).astype(np.float32), rng.uniform(-1, 1, sample).astype(np.float32)
+    raw = json.loads((Path(path) / "config.json").read_text())
+    family = family_for_class(raw["_class_name"])
+    inputs = decode_inputs(family, config_from_dict(family, raw))  # LTX's timestep (and noise seed), as validation
+    if impl in JITTED:
+        vae = converter.load(path)
+        if tiled:
+            vae.enable_tiling()
+        runner = TARGETS[impl].runner(vae, native=True)  # in the output's own dtype, as users run it
+        return {"decode": lambda: runner.decode(z, **inputs), "encode": lambda: runner.encode(x)}
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch_dtype = getattr(torch, dtype)
+    model = diffusers_class_of(path).from_pretrained(path, torch_dtype=torch_dtype).eval().to(device)
+    if tiled:
+        model.enable_tiling()
+    zt, xt = (torch.from_numpy(v).to(device, torch_dtype) for v in (z, x))
+    # diffusers draws its noise itself (from torch's global generator): it takes the timestep only
+    conditions = {k: torch.from_numpy(v).to(device, torch_dtype) for k, v in inputs.items() if k != "noise"}
+    decode, encode = (lambda t: diffusers_decode(model, t, **conditions)), (lambda t: encoded(model.encode(t))[0])
+    if impl == "diffusers+compile":  # as users compile it; in smoke mode without inductor's C++ build
+        backend = "eager" if smoke else "inductor"
+        decode, encode = torch.compile(decode, backend=backend), torch.compile(encode, backend=backend)
+
+    def run(call, t):
+        with torch.no_grad():
+            return call(t).float().cpu().numpy()
+
+    return {"decode": lambda: run(decode, zt), "encode": lambda: run(encode, xt)}
+
+
+def _peak_bytes(impl: str) -> int | None:
+    """The peak device memory of this process so far: JAX's or PyTorch's allocator's (None on a CPU)."""
+    if impl in JITTED:
+        import jax
+
+        stats = jax.local_devices()[0].memory_stats() or {}
+        return stats.get("peak_bytes_in_use")
+    import torch
+
+    return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+
+
+def task_first(impl: str, cache: str | None, **call) -> dict:
+    """One implementation's first decode and encode in a fresh process, and the peak device memory they reached."""
+    import converter
+
+    if cache:
+        converter.enable_compile_cache(cache)
+    calls = _calls(impl, **call)
+    return {**{part: _seconds_of(c) for part, c in calls.items()}, "peak_bytes": _peak_bytes(impl)}
+
+
+def task_steady(paths: dict, cache: str, rounds: int, **call) -> dict:
+    """Steady calls of every implementation in one process, taking turns (bench.run.task_steady's way)."""
+    import converter
+
+    converter.enable_compile_cache(cache)
+    calls = {impl: _calls(impl, path, **call) for impl, path in paths.items()}
+    for parts in calls.values():
+        for _ in range(2):  # the first compiles (or reads the cache); the second may still be slower
+            for c in parts.values():
+                c()
+    impls, best = list(calls), {impl: {"decode": float("inf"), "encode": float("inf")} for impl in calls}
+    for r in range(rounds):
+        for part in ("decode", "encode"):
+            for impl in impls[r % len(impls) :] + impls[: r % len(impls)]:
+                calls[impl][part]()
+                best[impl][part] = min(best[impl][part], _seconds_of(calls[impl][part]))
+    return best
+
+
+TASKS = {"first": task_first, "steady": task_steady}
+
+
+def _task(name: str, **kwargs) -> dict:
+    command = [sys.executable, "-m", "bench.accelerator", "--task", name, json.dumps(kwargs)]
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=_environment())
+    if result.returncode != 0:
+        raise RuntimeError(f"accelerator task {name} {kwargs.get('impl', '')} failed:\n{result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def measure(row: Row, work: Path, smoke: bool) -> dict:
+    source = work / "source"
+    _vae_convert("random-checkpoint", row.model, source, *(["--small"] if smoke else []))
+    latent = encoded_shape(row.model, list(row.sample), small=smoke)
+    gflop = count(row.model, latent, list(row.sample), small=smoke)
+    measured = {"latent": latent, "sample": list(row.sample), "gflop": gflop, "dtypes": {}}
+    for dtype in SMOKE_DTYPES if smoke else DTYPES:
+        paths = {"diffusers": source, "diffusers+compile": source}
+        for target in JITTED:
+            paths[target] = work / f"{target}-{dtype}"
+            args = ("--source", source, "--to", target, "--dtype", dtype, "--out", paths[target], "--no-validate")
+            _vae_convert(row.model, *args)
+        call = dict(dtype=dtype, latent=latent, sample=list(row.sample), tiled=row.tiled, smoke=smoke)
+        cache = str(work / f"jax-cache-{dtype}")
+        first = {
+            impl: _task("first", impl=impl, path=str(paths[impl]), cache=cache if impl in JITTED else None, **call)
+            for impl in IMPLEMENTATIONS
+        }
+        # the same call as the first, finding the cache: smoke mode has run its path already
+        cached = {} if smoke else {
+            impl: _task("first", impl=impl, path=str(paths[impl]), cache=cache, **call) for impl in JITTED
+        }  # fmt: skip
+        paths = {impl: str(path) for impl, path in paths.items()}
+        rounds = 1 if smoke else STEADY_ROUNDS
+        # torch.compile's tracing asks for the current accelerator, which torchax's "jax" device, once registered,
+        # answers with a device PyTorch cannot use: the compiled model takes its turns with diffusers eager alone
+        eager = {impl: paths[impl] for impl in ("flax", "torchax", "diffusers")}
+        steady = _task("steady", paths=eager, cache=cache, rounds=rounds, **call)
+        compiled = {impl: paths[impl] for impl in ("diffusers+compile", "diffusers")}
+        steady["diffusers+compile"] = _task("steady", paths=compiled, cache=cache, rounds=rounds, **call)[
+            "diffusers+compile"
+        ]
+        measured["dtypes"][dtype] = {"first": first, "cached": cached, "steady": steady}
+    return measured
+
+
+def markdown(results: dict) -> str:
+    lines = [
+        f"Machine: {results['device']}; {results['date']}; {results['mode']}.",
+        "",
+        "| model | dtype | implementation | part | first | first, cache | steady | peak memory | rate |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in results["rows"].items():
+        for dtype, m in row["dtypes"].items():
+            for impl in IMPLEMENTATIONS:
+                for part in ("decode", "encode"):
+                    steady = m["steady"][impl][part]
+                    cached = m["cached"].get(impl, {}).get(part)
+                    peak = m["first"][impl]["peak_bytes"]
+                    lines.append(
+                        f"| {name} | {dtype} | {impl} | {part} | {m['first'][impl][part]:.3f} s | "
+                        f"{'-' if cached is None else f'{cached:.3f} s'} | {steady * 1e3:.1f} ms | "
+                        f"{'-' if peak is None else f'{peak / 2**30:.2f} GiB'} | "
+                        f"{row['gflop'][part] / steady:,.0f} GFLOP/s |"
+                    )
+    lines += [
+        "",
+        "first = the first call in a fresh process (compiling, for the jitted ones and torch.compile), with the peak "
+        "device memory that process reached; first, cache = a second fresh process finding the persistent "
+        "compilation cache the first filled; steady = the best of the rounds, the implementations taking turns in "
+        "one process; rate = the operations bench.flops counts over the steady time.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true", help="small widths and sizes, on any machine")
+    parser.add_argument("--rows", nargs="*", help="the rows of these models (default: all)")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--task", help=argparse.SUPPRESS)
+    args, rest = parser.parse_known_args()
+    if args.task:
+        print(json.dumps(TASKS[args.task](**json.loads(rest[0]))))
+        return
+    rows = [r for r in (SMOKE_ROWS if args.smoke else ROWS) if not args.rows or r.model in args.rows]
+    results = {"device": _device(), "date": time.strftime("%Y-%m-%d %H:%M"), "rows": {}}
+    results["mode"] = "smoke" if args.smoke else "full"
+    for row in rows:
+        print(f"measuring {row.name} ...", file=sys.stderr)
+        with tempfile.TemporaryDirectory(prefix="vae-convert-accelerator-") as work:
+            results["rows"][row.name] = measure(row, Path(work), args.smoke)
+    name = "accelerator-smoke" if args.smoke else "accelerator"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
