@@ -150,7 +150,9 @@ TASKS = {"first": task_first, "steady": task_steady}
 
 def _task(name: str, **kwargs) -> dict:
     command = [sys.executable, "-m", "bench.accelerator", "--task", name, json.dumps(kwargs)]
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=_environment())
+    # JAX takes three quarters of a GPU's memory at its start unless told not to: PyTorch shares the steady process
+    env = _environment({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
     if result.returncode != 0:
         raise RuntimeError(f"accelerator task {name} {kwargs.get('impl', '')} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
