@@ -89,12 +89,14 @@ def leaf_specs(family_name: str, config, make) -> dict[str, tuple[tuple[int, ...
 def _read_leaves(kept: Path) -> dict | None:
     data = _read_private(kept)
     try:
-        raw = json.loads(data) if data is not None else None
-        specs = {k: (tuple(shape), np.dtype(LEAF_DTYPES[LEAF_DTYPES.index(name)])) for k, (shape, name) in raw.items()}
-    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):  # damaged or foreign: made anew
+        specs = {k: (tuple(shape), name) for k, (shape, name) in json.loads(data).items()}
+    except (ValueError, TypeError, AttributeError, RecursionError):  # none, damaged or foreign: made anew
         return None
-    fits = all(isinstance(k, str) and all(type(d) is int and d >= 0 for d in s) for k, (s, _) in specs.items())
-    return specs if fits else None
+    fits = all(
+        isinstance(k, str) and name in LEAF_DTYPES and all(type(d) is int and d >= 0 for d in shape)
+        for k, (shape, name) in specs.items()
+    )
+    return {k: (shape, np.dtype(name)) for k, (shape, name) in specs.items()} if fits else None
 
 
 def structure_cache() -> Path | None:
