@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import diffusers_class_of, diffusers_decode
+from bench import arguments_or_task, diffusers_class_of, diffusers_decode
 from bench.flops import count, encoded_shape
 from bench.run import REPO, _device, _environment, _seconds_of, _vae_convert
 
@@ -229,10 +229,8 @@ def main():
     parser.add_argument("--smoke", action="store_true", help="small widths and sizes, on any machine")
     parser.add_argument("--rows", nargs="*", help="the rows of these models (default: all)")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--task", help=argparse.SUPPRESS)
-    args, rest = parser.parse_known_args()
-    if args.task:
-        print(json.dumps(TASKS[args.task](**json.loads(rest[0]))))
+    args = arguments_or_task(parser, TASKS)
+    if args is None:
         return
     rows = [r for r in (SMOKE_ROWS if args.smoke else ROWS) if not args.rows or r.model in args.rows]
     results = {"device": _device(), "date": time.strftime("%Y-%m-%d %H:%M"), "rows": {}}

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import diffusers_class_of, diffusers_decode, xla_flags_with_devices
+from bench import arguments_or_task, diffusers_class_of, diffusers_decode, xla_flags_with_devices
 from bench.flops import encoded_shape
 
 REPO = Path(__file__).resolve().parent.parent
@@ -868,10 +868,8 @@ def main():
     parser.add_argument(
         "--compile-size", nargs=2, type=int, metavar=("HEIGHT", "WIDTH"), help="compile-only rows at this size"
     )
-    parser.add_argument("--task", help=argparse.SUPPRESS)
-    args, rest = parser.parse_known_args()
-    if args.task:
-        print(json.dumps(TASKS[args.task](**json.loads(rest[0]))))
+    args = arguments_or_task(parser, TASKS)
+    if args is None:
         return
     with tempfile.TemporaryDirectory(prefix="vae-convert-bench-") as work:
         results = {

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench import xla_flags_with_devices
+from bench import arguments_or_task, xla_flags_with_devices
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = "wan2.1"
@@ -288,10 +288,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="small widths and sizes")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
-    parser.add_argument("--task", help=argparse.SUPPRESS)
-    args, rest = parser.parse_known_args()
-    if args.task:
-        print(json.dumps(TASKS[args.task](**json.loads(rest[0]))))
+    args = arguments_or_task(parser, TASKS)
+    if args is None:
         return
     from bench.run import _device
 
