@@ -339,6 +339,8 @@ def config_from_tensors(fmt, weights, raw: dict, stated: dict) -> tuple[dict, li
     is bad input."""
     out, taken = dict(raw), []
     for field, key in fmt.config_tensors.items():
+        if key not in weights.specs:
+            raise InputError(f"the file has no {key} tensor, which files of {fmt.name} keep {field} in")
         shape, _ = weights.specs[key]
         if len(shape) != 1 or not 0 < shape[0] <= MAX_CONFIG_TENSOR:
             raise InputError(f"{key}: a tensor of shape {list(shape)}, not the list of values {field} is")

@@ -11,15 +11,15 @@ import torch
 from tests.helpers import REPO
 
 
+def _smoke(script: str, out):
+    """A benchmark script's smoke mode, run as a user runs it, its results written to `out`."""
+    command = [sys.executable, "-m", script, "--smoke", "--out", str(out)]
+    subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True)
+
+
 @pytest.mark.slow  # the benchmark's every task, each a fresh process
 def test_benchmark_smoke_mode(tmp_path):
-    subprocess.run(
-        [sys.executable, "-m", "bench.run", "--smoke", "--out", str(tmp_path)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    _smoke("bench.run", tmp_path)
     results = json.loads((tmp_path / "smoke.json").read_text())
     wan = results["models"]["wan2.1"]
     assert set(wan["convert"]) == {"flax", "torchax", "naive"}
@@ -56,13 +56,7 @@ def test_benchmark_smoke_mode(tmp_path):
 def test_accelerator_table_smoke_mode(tmp_path):
     """The accelerator table's command runs every path (Flax, torchax, diffusers eager and compiled, in bfloat16,
     tiled) at small widths on this machine, so that a lent GPU's time goes to measuring."""
-    subprocess.run(
-        [sys.executable, "-m", "bench.accelerator", "--smoke", "--out", str(tmp_path)],
-        cwd=REPO,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    _smoke("bench.accelerator", tmp_path)
     results = json.loads((tmp_path / "accelerator-smoke.json").read_text())
     (row,) = results["rows"].values()
     measured = row["dtypes"]["bfloat16"]
