@@ -4,6 +4,8 @@ inputs at a model's real size:
     python -m bench.precision ltx-2:audio_vae ltx-2:vocoder ltx-2.3:vocoder
     python -m bench.precision sd1.5 --size 256 256        # another sample size than the family's native one
 
+Each run replaces the rows of the models it names in bench/results/precision.{json,md} and keeps the others.
+
 Each model: a random checkpoint of the real architecture (`vae-convert random-checkpoint`), converted with
 `--dtype bfloat16` to each target (no validation), and diffusers' model on the float32 checkpoint. The reference is
 diffusers in float32; the rows are diffusers' model cast to bfloat16 and our outputs run as users run them (in their
@@ -24,17 +26,21 @@ from pathlib import Path
 import numpy as np
 
 from bench import diffusers_class_of, diffusers_decode
+from bench.flops import encoded_shape
 from bench.run import REPO, _cpu, _vae_convert
 
 TARGETS = ("flax", "torchax")
 
 
-def _diffusers_calls(model, dtype):
-    """(decode, encode) of a diffusers model in `dtype`, numpy float32 in and out, as its pipelines call it: encode
-    None for a decoder alone."""
+def _diffusers_calls(folder: Path, dtype) -> tuple:
+    """(decode, encode) of diffusers' model of a checkpoint folder in `dtype`, numpy float32 in and out, as its
+    pipelines load and call it (`from_pretrained(torch_dtype=...)`, which keeps the class's `_keep_in_fp32_modules`
+    in float32): encode None for a decoder alone."""
     import torch
 
-    model = model.to(dtype)
+    from converter.models.common.protocol import encoded
+
+    model = diffusers_class_of(folder).from_pretrained(folder, torch_dtype=dtype).eval()
 
     def run(x, call):
         with torch.no_grad():
@@ -44,59 +50,66 @@ def _diffusers_calls(model, dtype):
         return run(z, lambda t: diffusers_decode(model, t))
 
     def encode(x):
-        return run(x, lambda t: model.encode(t).latent_dist.mean)
+        return run(x, lambda t: encoded(model.encode(t))[0])
 
     return decode, encode if hasattr(model, "encode") else None
 
 
-def measure(name: str, size: list[int] | None, work: Path) -> dict:
+def errors(source: Path, outputs: dict[str, Path], latent: np.ndarray, sample: np.ndarray | None) -> dict:
+    """{implementation: {part: {"max", "mean", "relative L2"}}}: how far diffusers' bfloat16 model of the float32
+    checkpoint `source` and each target's bfloat16 output (`outputs`: target -> folder, run in its own dtype) decode
+    `latent` and encode `sample` (None: a decoder alone) from diffusers' float32 model."""
     import torch
 
     import converter
-    from converter.registry import get_model
     from converter.targets import TARGETS as BY_NAME
+
+    inputs = {"decode": latent, "encode": sample}
+    expected = {part: np.asarray(call(inputs[part])) for part, call in _parts(_diffusers_calls(source, torch.float32))}
+    runs = {"diffusers": _diffusers_calls(source, torch.bfloat16)}
+    for target, out in outputs.items():
+        runner = BY_NAME[target].runner(converter.load(out), native=True)
+        runs[target] = (runner.decode, (lambda x, r=runner: r.encode(x)[0]) if sample is not None else None)
+    rows = {}
+    for impl, calls in runs.items():
+        rows[impl] = {}
+        for part, call in _parts(calls):
+            difference = np.abs(np.asarray(call(inputs[part]), np.float64) - expected[part])
+            rows[impl][part] = {
+                "max": float(difference.max()),
+                "mean": float(difference.mean()),
+                "relative L2": float(np.linalg.norm(difference) / np.linalg.norm(expected[part])),
+            }
+    return rows
+
+
+def _parts(calls: tuple) -> list[tuple]:
+    return [(part, call) for part, call in zip(("decode", "encode"), calls) if call is not None]
+
+
+def measure(name: str, size: list[int] | None, work: Path) -> dict:
+    from converter.registry import get_model
 
     entry = get_model(name)
     family = entry.family
     source = work / "source"
     _vae_convert("random-checkpoint", entry.qualified, source)
-    reference = diffusers_class_of(source).from_pretrained(source).eval()
     config = family.config_class.from_dict(json.loads((source / "config.json").read_text()))
     sizes = size or list(family.native_size)
     rng = np.random.default_rng(0)
     channels = (family.validation_sample_shape or family.validation_latent_shape)(config)[1]
     sample = rng.uniform(-1, 1, (1, channels, *sizes)).astype(np.float32)
-    expected_decode, expected_encode = _diffusers_calls(reference, torch.float32)
-    expected = {}
-    if expected_encode is not None:
-        expected["encode"] = expected_encode(sample)
-        latent = rng.standard_normal(expected["encode"].shape).astype(np.float32)
-    else:
-        latent = sample
-    expected["decode"] = expected_decode(latent)
-    runs = {"diffusers": _diffusers_calls(reference, torch.bfloat16)}
+    outputs = {}
     for target in TARGETS:
-        out = work / target
-        _vae_convert(entry.qualified, "--source", source, "--to", target, "--out", out, "--dtype", "bfloat16",
-                     "--no-validate")  # fmt: skip
-        runner = BY_NAME[target].runner(converter.load(out), native=True)
-        encode = (lambda x, r=runner: r.encode(x)[0]) if expected_encode is not None else None
-        runs[target] = (runner.decode, encode)
-    inputs = {"decode": latent, "encode": sample}
-    result = {"sample": list(sample.shape), "latent": list(latent.shape), "rows": {}}
-    for impl, calls in runs.items():
-        result["rows"][impl] = {}
-        for part, call in zip(("decode", "encode"), calls):
-            if call is None:
-                continue
-            got = np.asarray(call(inputs[part]), np.float64)
-            difference = np.abs(got - expected[part])
-            result["rows"][impl][part] = {
-                "max": float(difference.max()),
-                "mean": float(difference.mean()),
-                "relative L2": float(np.linalg.norm(difference) / np.linalg.norm(expected[part])),
-            }
-    return result
+        outputs[target] = work / target
+        _vae_convert(entry.qualified, "--source", source, "--to", target, "--out", outputs[target], "--dtype",
+                     "bfloat16", "--no-validate")  # fmt: skip
+    if family.validation_sample_shape is None:  # a decoder alone: its input is of the sample's size
+        latent, sample = sample, None
+    else:
+        latent = rng.standard_normal(encoded_shape(entry.qualified, list(sample.shape))).astype(np.float32)
+    rows = errors(source, outputs, latent, sample)
+    return {"sample": list((latent if sample is None else sample).shape), "latent": list(latent.shape), "rows": rows}
 
 
 def markdown(results: dict, machine: str) -> str:
@@ -124,15 +137,17 @@ def main():
     parser.add_argument("--size", type=int, nargs="+", help="the sample's sizes after its channels")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
-    results = {}
+    args.out.mkdir(parents=True, exist_ok=True)
+    kept = args.out / "precision.json"
+    # the models measured here replace their rows; other models' rows stay (each run names its sizes)
+    results = json.loads(kept.read_text()) if kept.exists() else {}
     for name in args.models:
         with tempfile.TemporaryDirectory() as work:
             results[name] = measure(name, args.size, Path(work))
         print(json.dumps({name: results[name]}), flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "precision.json").write_text(json.dumps(results, indent=2) + "\n")
-    table = markdown(results, _cpu())
-    (args.out / "precision.md").write_text(table)
+        kept.write_text(json.dumps(results, indent=2) + "\n")
+        table = markdown(results, _cpu())
+        (args.out / "precision.md").write_text(table)
     print(table)
 
 

@@ -221,8 +221,10 @@ def _load_runs(smoke: bool) -> int:
     return 1 if smoke else LOAD_RUNS
 
 
-# Steady calls: the best of this many per implementation, the implementations taking turns in one process.
+# Steady calls: the best of this many per implementation, the implementations taking turns in one process
+# (--steady-only: one, so that every family at its full size is measured within an hour on 2 cores).
 STEADY_ROUNDS = 3
+STEADY_ONLY_ROUNDS = 1
 
 
 def task_run(impl: str, path: str, latent: list, video: list, cache: str | None) -> dict:
@@ -542,8 +544,9 @@ FLAX_SAFETENSORS = ("--to", "flax", "--format", "safetensors", "--no-validate")
 
 
 def measure_model(
-    model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str], compile_only=False, size=None
-) -> dict:
+    model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str], compile_only=False, size=None,
+    steady_only=False,
+) -> dict:  # fmt: skip
     latent, video = shapes
     _SPENT.clear()
     shapes = {"latent": list(latent), "video": video and list(video)}
@@ -552,6 +555,8 @@ def measure_model(
     made = time.perf_counter()
     source = work / f"{model}-source"
     _vae_convert("random-checkpoint", model, source, *(["--small"] if smoke else []))
+    if steady_only:
+        return _steady_only(model, source, work, shapes)
     weights = source / "diffusion_pytorch_model.safetensors"
     size_mb = weights.stat().st_size / 1e6
     started = time.perf_counter()
@@ -609,6 +614,22 @@ def measure_model(
     return result
 
 
+def _steady_only(model: str, source: Path, work: Path, shapes: dict) -> dict:
+    """The steady calls alone (each family's rate, bench/flops.py): converted without timing, diffusers' model read
+    from the torchax output, the steps compiled in the steady process itself."""
+    paths = {}
+    for target in ("flax", "torchax"):
+        paths[target] = str(work / f"{model}-{target}")
+        _vae_convert(model, "--source", source, "--to", target, "--out", paths[target], "--no-validate")
+    paths["diffusers"] = paths["torchax"]
+    steady = _task("steady", paths=paths, **shapes, cache=str(work / f"{model}-jax-cache"), rounds=STEADY_ONLY_ROUNDS)
+    return {
+        "shapes": shapes,
+        "run": {impl: {part: {"steady": seconds} for part, seconds in parts.items()} for impl, parts in steady.items()},
+        "bench_seconds": dict(_SPENT),
+    }
+
+
 def _compile(model: str, layouts: list[str], smoke: bool, size: list[int] | None = None) -> dict:
     devices = {"XLA_FLAGS": xla_flags_with_devices(SIMULATED_DEVICES)}
     fitting = [layout for layout in layouts if _fits(LAYOUTS[layout])]
@@ -663,6 +684,8 @@ def _cell(measured: dict, model: dict) -> str:
 def markdown(results: dict) -> str:
     lines = [f"Machine: {results['device']}; {results['date']}; mode: {results['mode']}.", *_rate_line(results), ""]
     measured = {model: r for model, r in results["models"].items() if "convert" in r}
+    if results.get("steady only"):
+        return "\n".join(lines + steady_table(results) + time_spent(results)) + "\n"
     if not measured:  # compile-only
         return "\n".join(lines + compile_table(results)[1:] + time_spent(results)) + "\n"
     lines += [
@@ -744,6 +767,23 @@ def markdown(results: dict) -> str:
         *_share_of_rate(results),
     ]
     return "\n".join(lines + compile_table(results) + time_spent(results)) + "\n"
+
+
+def steady_table(results: dict) -> list[str]:
+    """The steady calls of a --steady-only run, with their rates."""
+    lines = ["| model | implementation | decode steady | encode steady |", "|---|---|---|---|"]
+    for model, r in results["models"].items():
+        for impl, t in r["run"].items():
+            lines.append(
+                f"| {model} | {impl} | {_seconds(t['decode']['steady'])} | "
+                f"{_seconds(t.get('encode', {}).get('steady'))} |"
+            )
+    return lines + [
+        "",
+        f"steady = the best of {STEADY_ONLY_ROUNDS} call(s) after two warm-up calls and one of its own, the "
+        "implementations taking turns in one process.",
+        *_share_of_rate(results),
+    ]
 
 
 def _rate_line(results: dict) -> list[str]:
@@ -860,11 +900,12 @@ def time_spent(results: dict) -> list[str]:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="small widths, under a minute")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--models", nargs="*", help="default: all (one in --smoke)")
     parser.add_argument("--layouts", nargs="*", choices=list(LAYOUTS), help="compile-only layouts; default: all")
+    parser.add_argument("--smoke", action="store_true", help="small widths, under a minute")
     parser.add_argument("--compile-only", action="store_true", help="only the compile-only rows (no weights)")
+    parser.add_argument("--steady-only", action="store_true", help="only the steady calls: each family's rate")
     parser.add_argument(
         "--compile-size", nargs=2, type=int, metavar=("HEIGHT", "WIDTH"), help="compile-only rows at this size"
     )
@@ -876,6 +917,7 @@ def main():
             "device": _device(),
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "mode": "smoke" if args.smoke else "compile-only" if args.compile_only else "full",
+            "steady only": args.steady_only,
             "models": {},
         }
         if not args.smoke:
@@ -887,13 +929,15 @@ def main():
             model_work = Path(work) / model
             model_work.mkdir()
             results["models"][model] = measure_model(
-                model, measured[model], model_work, args.smoke, layouts, args.compile_only, args.compile_size
-            )
+                model, measured[model], model_work, args.smoke, layouts, args.compile_only, args.compile_size,
+                args.steady_only,
+            )  # fmt: skip
             shutil.rmtree(model_work)  # its files would crowd the next model's out of the page cache
-    args.out.mkdir(parents=True, exist_ok=True)
-    name = "smoke" if args.smoke else "latest"
-    (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(markdown(results))
+            # written after each model: a long run that stops keeps what it measured
+            args.out.mkdir(parents=True, exist_ok=True)
+            name = "smoke" if args.smoke else "steady" if args.steady_only else "latest"
+            (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+            (args.out / f"{name}.md").write_text(markdown(results))
     print(markdown(results))
 
 

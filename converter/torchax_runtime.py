@@ -127,14 +127,19 @@ def kernel_order(ndim: int) -> tuple[int, ...]:
 
 def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """aten.convolution in JAX: a 2D or 3D convolution channels-last through `cpu_conv`, as the Flax models run it,
-    anything else as torchax lowers it."""
+    anything else as torchax lowers it; either accumulating in float32 with its bias added there and rounded once,
+    as PyTorch's own convolutions and the Flax models' (models/common/layers_flax.py, Conv) are."""
+    import jax.numpy as jnp
     from jax import lax
     from torchax.ops import jaten
 
     from converter.models.common.conv import cpu_conv
 
     if transposed or x.ndim not in (4, 5):
-        return jaten._aten_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+        wide = (None if a is None else a.astype(jnp.float32) for a in (x, weight, bias))
+        return jaten._aten_convolution(*wide, stride, padding, dilation, transposed, output_padding, groups).astype(
+            jnp.result_type(x, weight)
+        )
     to_last, to_first = _channels_last(x.ndim)
     layout = "NDHWC" if x.ndim == 5 else "NHWC"
     y = cpu_conv(
@@ -145,10 +150,11 @@ def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, out
         rhs_dilation=tuple(dilation),
         dimension_numbers=(layout, layout[1:-1] + "IO", layout),
         feature_group_count=groups,
+        preferred_element_type=jnp.float32,
     )
     if bias is not None:
-        y = y + bias.astype(y.dtype)
-    return lax.transpose(y, to_first)
+        y = y + bias.astype(jnp.float32)
+    return lax.transpose(y.astype(jnp.result_type(x, weight)), to_first)
 
 
 def _convolution(*args):

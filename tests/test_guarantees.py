@@ -16,7 +16,7 @@ import converter
 from bench import diffusers_decode
 from converter import validate
 from converter.registry import FAMILIES, first_model, get_model
-from converter.targets import diffusers_shapes
+from converter.targets import TARGETS, diffusers_shapes
 from tests.helpers import decode_inputs, fails, per_family, run_in_process
 
 
@@ -125,3 +125,31 @@ def test_every_family_has_validation_inputs_of_its_shapes(family):
             assert array.shape == shapes[what] and np.isfinite(array).all() and np.abs(array).max() > 0.1, what
         else:
             assert array is None
+
+
+# bfloat16's error is random in the weights and inputs: ours may exceed diffusers' by this much at these small sizes
+BFLOAT16_MARGIN = 1.5
+
+
+@pytest.mark.parametrize("family", per_family())
+def test_bfloat16_is_no_further_from_float32_than_diffusers(default_arch, family, tmp_path):
+    """`--dtype bfloat16` outputs, run in their own dtype as users run them, decode and encode no further from
+    diffusers' float32 model than diffusers' own bfloat16 model (loaded with `torch_dtype`, its float32 modules
+    kept) does, within a small margin: the relative L2 error (the largest error of one value is too noisy at these
+    sizes to hold to a margin; bench/precision.py reports both at full size)."""
+    from bench.precision import errors
+
+    converted = default_arch(family)
+    config = family.config_class.from_dict(dict(converted.reference.config))
+    rng = np.random.default_rng(0)
+    latent = rng.standard_normal(family.validation_latent_shape(config)).astype(np.float32)
+    sample = family.validation_sample_shape and rng.uniform(-1, 1, family.validation_sample_shape(config))
+    outputs = {}
+    for target in TARGETS:
+        outputs[target] = tmp_path / target
+        run_in_process(converted.name, "--source", converted.source, "--to", target, "--out", outputs[target],
+                       "--dtype", "bfloat16", "--no-validate", check=True)  # fmt: skip
+    rows = errors(converted.source, outputs, latent, None if sample is None else sample.astype(np.float32))
+    for target in outputs:
+        for part, measured in rows[target].items():
+            assert measured["relative L2"] <= BFLOAT16_MARGIN * rows["diffusers"][part]["relative L2"], (target, part)

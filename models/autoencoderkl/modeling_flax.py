@@ -19,7 +19,7 @@ from flax import nnx
 from ..common.blocks_flax import EPS, DownBlock, MidBlock, UpBlock
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
-from ..common.layers_flax import BatchNorm2d, GroupNorm
+from ..common.layers_flax import BatchNorm2d, Conv, GroupNorm
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, AutoencoderKLTiling
@@ -28,7 +28,7 @@ from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, AutoencoderKL
 def conv2d(in_channels, out_channels, kernel_size, *, strides=1, padding=None, rngs, param_dtype):
     """nnx.Conv as diffusers' nn.Conv2d: `padding` (top, bottom), (left, right) zeros, by default k // 2 around."""
     k = kernel_size
-    return nnx.Conv(
+    return Conv(
         in_channels,
         out_channels,
         (k, k),

@@ -16,6 +16,7 @@ from flax import nnx
 
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
+from ..common.layers_flax import Conv
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import AutoencoderTinyConfig, AutoencoderTinyTiling
@@ -31,7 +32,7 @@ ACTIVATIONS = {
 
 def conv(in_channels, out_channels, *, use_bias=True, strides=1, rngs, param_dtype):
     """diffusers' 3x3 nn.Conv2d with one zero around."""
-    return nnx.Conv(
+    return Conv(
         in_channels,
         out_channels,
         (3, 3),

@@ -18,7 +18,7 @@ from flax import nnx
 from ..common.cache import run_cached
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import GroupNorm
+from ..common.layers_flax import Conv, GroupNorm
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
 from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
@@ -32,7 +32,7 @@ class CogVideoXCausalConv3d(nnx.Module):
         kernel_size = (kernel_size,) * 3 if isinstance(kernel_size, int) else tuple(kernel_size)
         self.time_kernel_size = kernel_size[0]
         pad_h, pad_w = (kernel_size[1] - 1) // 2, (kernel_size[2] - 1) // 2
-        self.conv = nnx.Conv(
+        self.conv = Conv(
             in_channels,
             out_channels,
             kernel_size,
@@ -108,7 +108,7 @@ class CogVideoXResnetBlock3D(nnx.Module):
         self.conv1 = CogVideoXCausalConv3d(in_channels, out_channels, 3, **kw)
         self.conv2 = CogVideoXCausalConv3d(out_channels, out_channels, 3, **kw)
         self.conv_shortcut = (
-            nnx.Conv(in_channels, out_channels, (1, 1, 1), kernel_init=nnx.initializers.zeros, **kw)
+            Conv(in_channels, out_channels, (1, 1, 1), kernel_init=nnx.initializers.zeros, **kw)
             if in_channels != out_channels
             else None
         )
@@ -133,7 +133,7 @@ def _compress_time_pool(x):
 class CogVideoXDownsample3D(nnx.Module):
     def __init__(self, in_channels, out_channels, compress_time, *, rngs, param_dtype):
         # diffusers pads (0, 1, 0, 1) with zeros, then a 3x3 stride-2 conv applied frame by frame
-        self.conv = nnx.Conv(
+        self.conv = Conv(
             in_channels,
             out_channels,
             (3, 3),
@@ -153,7 +153,7 @@ class CogVideoXDownsample3D(nnx.Module):
 
 class CogVideoXUpsample3D(nnx.Module):
     def __init__(self, in_channels, out_channels, compress_time, *, rngs, param_dtype):
-        self.conv = nnx.Conv(
+        self.conv = Conv(
             in_channels,
             out_channels,
             (3, 3),
@@ -330,14 +330,10 @@ class AutoencoderKLCogVideoX(TilingMixin, nnx.Module):
         # diffusers sizes these from out_channels (not latent_channels); kept so its checkpoints convert as they are.
         quant, out = 2 * config.out_channels, config.out_channels
         self.quant_conv = (
-            nnx.Conv(quant, quant, (1, 1, 1), kernel_init=nnx.initializers.zeros, **kw)
-            if config.use_quant_conv
-            else None
+            Conv(quant, quant, (1, 1, 1), kernel_init=nnx.initializers.zeros, **kw) if config.use_quant_conv else None
         )
         self.post_quant_conv = (
-            nnx.Conv(out, out, (1, 1, 1), kernel_init=nnx.initializers.zeros, **kw)
-            if config.use_post_quant_conv
-            else None
+            Conv(out, out, (1, 1, 1), kernel_init=nnx.initializers.zeros, **kw) if config.use_post_quant_conv else None
         )
 
     def encode(self, x, *, mesh=None):

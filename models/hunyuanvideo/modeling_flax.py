@@ -19,7 +19,7 @@ from flax import nnx
 from ..common.blocks_flax import DownBlock, MidBlock, UpBlock
 from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import GroupNorm
+from ..common.layers_flax import Conv, GroupNorm
 from ..common.steps_flax import run_clip
 from ..common.tiling import TilingMixin
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
@@ -30,7 +30,7 @@ class HunyuanVideoCausalConv3d(nnx.Module):
 
     def __init__(self, in_channels, out_channels, kernel_size=3, stride=(1, 1, 1), *, rngs, param_dtype):
         self.kernel_size = kernel_size
-        self.conv = nnx.Conv(
+        self.conv = Conv(
             in_channels,
             out_channels,
             (kernel_size,) * 3,
@@ -151,8 +151,8 @@ class AutoencoderKLHunyuanVideo(TilingMixin, nnx.Module):
         self.encoder = HunyuanVideoEncoder3D(config, **kw)
         self.decoder = HunyuanVideoDecoder3D(config, **kw)
         conv = dict(kernel_init=nnx.initializers.zeros, conv_general_dilated=prepadded_conv, **kw)
-        self.quant_conv = nnx.Conv(2 * latent, 2 * latent, (1, 1, 1), **conv)
-        self.post_quant_conv = nnx.Conv(latent, latent, (1, 1, 1), **conv)
+        self.quant_conv = Conv(2 * latent, 2 * latent, (1, 1, 1), **conv)
+        self.post_quant_conv = Conv(latent, latent, (1, 1, 1), **conv)
         # diffusers' defaults: clips longer than one temporal tile go in overlapping temporal tiles
         self.use_framewise_encoding = True
         self.use_framewise_decoding = True

@@ -19,7 +19,7 @@ from flax import nnx
 
 from ..common.conv import cpu_conv, prepadded_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import Buffer
+from ..common.layers_flax import Buffer, Conv, Linear
 from ..common.sharding import whole_where_width_uneven
 from ..common.steps_flax import run_clip
 from ..common.tiling import TilingMixin
@@ -62,7 +62,7 @@ class LTXVideoCausalConv3d(nnx.Module):
         self.causal = style.causal
         self.reflect = style.padding == "reflect" and kernel_size > 1
         pad = 0 if self.reflect else kernel_size // 2
-        self.conv = nnx.Conv(
+        self.conv = Conv(
             in_channels,
             out_channels,
             (kernel_size,) * 3,
@@ -100,8 +100,8 @@ class PixArtAlphaCombinedTimestepSizeEmbeddings(nnx.Module):
 class TimestepEmbedding(nnx.Module):
     def __init__(self, in_channels, embedding_dim, *, rngs, param_dtype):
         kw = dict(kernel_init=nnx.initializers.zeros, rngs=rngs, param_dtype=param_dtype)
-        self.linear_1 = nnx.Linear(in_channels, embedding_dim, **kw)
-        self.linear_2 = nnx.Linear(embedding_dim, embedding_dim, **kw)
+        self.linear_1 = Linear(in_channels, embedding_dim, **kw)
+        self.linear_2 = Linear(embedding_dim, embedding_dim, **kw)
 
     def __call__(self, x):
         return self.linear_2(jax.nn.silu(self.linear_1(x)))
@@ -128,7 +128,7 @@ class LTXVideoResnetBlock3d(nnx.Module):
         if not shortcut:
             self.conv_shortcut = None
         elif style.plain_shortcut:
-            self.conv_shortcut = nnx.Conv(
+            self.conv_shortcut = Conv(
                 in_channels,
                 out_channels,
                 (1, 1, 1),

@@ -16,14 +16,14 @@ from flax import nnx
 from ..common.attention import blocked_attention
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
-from ..common.layers_flax import Buffer, GroupNorm
+from ..common.layers_flax import Buffer, Conv, GroupNorm
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import AutoencoderKLLTX2AudioConfig, causal_padding, decoded_size, downsample_padding, upsample_crop
 
 
 def conv(in_channels, out_channels, kernel_size, *, padding=((0, 0), (0, 0)), strides=1, rngs, param_dtype):
-    return nnx.Conv(
+    return Conv(
         in_channels,
         out_channels,
         (kernel_size, kernel_size),

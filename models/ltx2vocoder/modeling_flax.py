@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from ..common.inputs import expect_spectrogram
-from ..common.layers_flax import Buffer
+from ..common.layers_flax import Buffer, Conv
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import LTX2VocoderConfig, LTX2VocoderWithBWEConfig
@@ -25,7 +25,7 @@ DIMENSIONS = ("NWC", "WIO", "NWC")
 def conv1d(in_channels, out_channels, kernel_size, *, dilation=1, bias=True, rngs, param_dtype):
     """PyTorch's Conv1d with padding "same" (odd kernels: as many zeros each side)."""
     total = dilation * (kernel_size - 1)
-    return nnx.Conv(
+    return Conv(
         in_channels,
         out_channels,
         (kernel_size,),

@@ -24,7 +24,7 @@ from flax import nnx
 from ..common.attention import query_split_attention
 from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import GroupNorm
+from ..common.layers_flax import Conv, GroupNorm, Linear
 from ..common.sharding import constrain_tokens
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
@@ -47,7 +47,7 @@ class MiniMaxH3VideoCausalConv3d(nnx.Module):
         self.spatial_padding, self.temporal_padding = spatial_padding, temporal_padding
         self.mode = PADDING_MODES[spatial_padding_mode]
         stride = stride if isinstance(stride, tuple) else (stride,) * 3
-        self.conv = nnx.Conv(in_channels, out_channels, (kernel_size,) * 3, strides=stride, padding=((0, 0),) * 3,
+        self.conv = Conv(in_channels, out_channels, (kernel_size,) * 3, strides=stride, padding=((0, 0),) * 3,
                              kernel_init=nnx.initializers.zeros, rngs=rngs, param_dtype=param_dtype,
                              conv_general_dilated=prepadded_conv)  # fmt: skip
 
@@ -184,7 +184,7 @@ def rotate(x, cos, sin):
 
 
 def linear(dim_in, dim_out, *, rngs, param_dtype):
-    return nnx.Linear(dim_in, dim_out, kernel_init=nnx.initializers.zeros, rngs=rngs, param_dtype=param_dtype)
+    return Linear(dim_in, dim_out, kernel_init=nnx.initializers.zeros, rngs=rngs, param_dtype=param_dtype)
 
 
 class MiniMaxH3VideoAttention(nnx.Module):
@@ -300,8 +300,8 @@ class AutoencoderKLMiniMaxH3(TilingMixin, nnx.Module):
         self.config = config
         self.encoder = MiniMaxH3VideoEncoder3d(config, **kw)
         conv = dict(kernel_init=nnx.initializers.zeros, conv_general_dilated=prepadded_conv, **kw)
-        self.quant_conv = nnx.Conv(2 * latent, 2 * latent, (1, 1, 1), **conv)
-        self.post_quant_conv = nnx.Conv(latent, latent, (1, 1, 1), **conv)
+        self.quant_conv = Conv(2 * latent, 2 * latent, (1, 1, 1), **conv)
+        self.post_quant_conv = Conv(latent, latent, (1, 1, 1), **conv)
         self.decoder = MiniMaxH3VideoViTDecoder3d(config, **kw)
         self.enable_tiling()  # as the model was released, and diffusers' class starts
 

@@ -17,7 +17,7 @@ from flax import nnx
 
 from ..common.attention import blocked_attention
 from ..common.inputs import expect_sequence
-from ..common.layers_flax import Buffer
+from ..common.layers_flax import Buffer, Linear
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from ..ltx2vocoder.modeling_flax import DIMENSIONS, AntiAliasAct1d, SnakeBeta, conv1d
@@ -143,7 +143,7 @@ class MiniMaxH3AudioEncoder(nnx.Module):
 
 
 def linear(in_features, out_features, *, rngs, param_dtype, bias=True):
-    return nnx.Linear(in_features, out_features, use_bias=bias, kernel_init=nnx.initializers.zeros, rngs=rngs,
+    return Linear(in_features, out_features, use_bias=bias, kernel_init=nnx.initializers.zeros, rngs=rngs,
                       param_dtype=param_dtype)  # fmt: skip
 
 

@@ -25,6 +25,7 @@ from ..common.attention import blocked_attention
 from ..common.cache import run_cached
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
+from ..common.layers_flax import Conv, Linear
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
 from .config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
@@ -82,7 +83,7 @@ class WanCausalConv3d(nnx.Conv):
 
 
 def _conv(in_channels, out_channels, kernel_size, *, rngs, param_dtype, **kwargs):
-    return nnx.Conv(
+    return Conv(
         in_channels,
         out_channels,
         kernel_size,
@@ -201,8 +202,8 @@ class WanAttentionBlock(nnx.Module):
     def __init__(self, dim, *, rngs, param_dtype):
         self.norm = WanRMS_norm(dim, param_dtype=param_dtype)
         kw = dict(kernel_init=nnx.initializers.zeros, rngs=rngs, param_dtype=param_dtype)
-        self.to_qkv = nnx.Linear(dim, dim * 3, **kw)
-        self.proj = nnx.Linear(dim, dim, **kw)
+        self.to_qkv = Linear(dim, dim * 3, **kw)
+        self.proj = Linear(dim, dim, **kw)
 
     def __call__(self, x, cache=None):
         b, t, h, w, c = x.shape
