@@ -206,7 +206,12 @@ def torchax_env():
     from converter.models.common import layers_torch  # noqa: F401  (registers the frame-causal attention op)
 
     env.override_op_definition(torch.ops.vae_convert.frame_causal_attention.default, _frame_causal_attention)
-    for op, jax_op in ((torch.ops.aten.silu.default, jaten._aten_silu), (torch.ops.aten.add.Tensor, jaten._aten_add)):
+    from converter.models.common.precision import in_float32
+
+    for op, jax_op in (
+        (torch.ops.aten.silu.default, in_float32(jaten._aten_silu)),
+        (torch.ops.aten.add.Tensor, jaten._aten_add),
+    ):
         env.override_op_definition(op, _channels_last_elementwise(jax_op))
     return env
 

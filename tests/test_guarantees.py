@@ -128,7 +128,7 @@ def test_every_family_has_validation_inputs_of_its_shapes(family):
 
 
 # bfloat16's error is random in the weights and inputs: ours may exceed diffusers' by this much at these small sizes
-BFLOAT16_MARGIN = 1.5
+BFLOAT16_MARGIN = 1.25
 
 
 @pytest.mark.parametrize("family", per_family())

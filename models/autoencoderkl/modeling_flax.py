@@ -12,14 +12,13 @@ Kernels start at zero, not random: the model exists to be filled from a checkpoi
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from ..common.blocks_flax import EPS, DownBlock, MidBlock, UpBlock
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
-from ..common.layers_flax import BatchNorm2d, Conv, GroupNorm
+from ..common.layers_flax import BatchNorm2d, Conv, GroupNorm, silu
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, AutoencoderKLTiling
@@ -93,7 +92,7 @@ class Encoder(nnx.Module):
         for block in self.down_blocks:
             x = block(x)
         x = self.mid_block(x)
-        return self.conv_out(jax.nn.silu(self.conv_norm_out(x))), None
+        return self.conv_out(silu(self.conv_norm_out(x))), None
 
 
 class Decoder(nnx.Module):
@@ -125,7 +124,7 @@ class Decoder(nnx.Module):
         x = self.mid_block(self.conv_in(x))
         for block in self.up_blocks:
             x = block(x)
-        return self.conv_out(jax.nn.silu(self.conv_norm_out(x))), None
+        return self.conv_out(silu(self.conv_norm_out(x))), None
 
 
 class AutoencoderKL(TilingMixin, nnx.Module):

@@ -16,17 +16,18 @@ from flax import nnx
 
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
-from ..common.layers_flax import Conv
+from ..common.layers_flax import Conv, silu
+from ..common.precision import in_float32
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import AutoencoderTinyConfig, AutoencoderTinyTiling
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
-    "silu": jax.nn.silu,
-    "swish": jax.nn.silu,
-    "mish": lambda x: x * jnp.tanh(jax.nn.softplus(x)),
-    "gelu": lambda x: jax.nn.gelu(x, approximate=False),  # PyTorch's nn.GELU is the exact one
+    "silu": silu,
+    "swish": silu,
+    "mish": in_float32(lambda x: x * jnp.tanh(jax.nn.softplus(x))),
+    "gelu": in_float32(lambda x: jax.nn.gelu(x, approximate=False)),  # PyTorch's nn.GELU is the exact one
 }
 
 

@@ -18,7 +18,7 @@ from flax import nnx
 from ..common.cache import run_cached
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import Conv, GroupNorm
+from ..common.layers_flax import Conv, GroupNorm, silu
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
 from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
@@ -117,8 +117,8 @@ class CogVideoXResnetBlock3D(nnx.Module):
         cache = cache or {}
         new = {}
         norm = (lambda layer, h: layer(h)) if zq is None else (lambda layer, h: layer(h, zq))
-        h, new["conv1"] = self.conv1(nnx.silu(norm(self.norm1, x)), cache.get("conv1"))
-        h, new["conv2"] = self.conv2(nnx.silu(norm(self.norm2, h)), cache.get("conv2"))
+        h, new["conv1"] = self.conv1(silu(norm(self.norm1, x)), cache.get("conv1"))
+        h, new["conv2"] = self.conv2(silu(norm(self.norm2, h)), cache.get("conv2"))
         return h + (x if self.conv_shortcut is None else self.conv_shortcut(x)), new
 
 
@@ -277,7 +277,7 @@ class CogVideoXEncoder3D(nnx.Module):
         x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
         x, new["down_blocks"] = run_cached(self.down_blocks, x, cache.get("down_blocks"))
         x, new["mid_block"] = self.mid_block(x, None, cache.get("mid_block"))
-        x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x)), cache.get("conv_out"))
+        x, new["conv_out"] = self.conv_out(silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
 
 
@@ -313,7 +313,7 @@ class CogVideoXDecoder3D(nnx.Module):
         x, new["conv_in"] = self.conv_in(z, cache.get("conv_in"))
         x, new["mid_block"] = self.mid_block(x, z, cache.get("mid_block"))
         x, new["up_blocks"] = run_cached(self.up_blocks, x, cache.get("up_blocks"), z)
-        x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x, z)), cache.get("conv_out"))
+        x, new["conv_out"] = self.conv_out(silu(self.norm_out(x, z)), cache.get("conv_out"))
         return x, new
 
 

@@ -6,10 +6,9 @@ diffusers' (`resnets.N.conv1`, `attentions.0`, `downsamplers.0`, `upsamplers.0`)
 
 from __future__ import annotations
 
-import jax
 from flax import nnx
 
-from .layers_flax import Attention, GroupNorm
+from .layers_flax import Attention, GroupNorm, silu
 
 EPS = 1e-6  # every GroupNorm's, as diffusers builds these blocks
 
@@ -27,8 +26,8 @@ class ResnetBlock(nnx.Module):
         self.conv_shortcut = conv(in_channels, out_channels, 1, **kw) if in_channels != out_channels else None
 
     def __call__(self, x):
-        h = self.conv1(jax.nn.silu(self.norm1(x)))
-        h = self.conv2(jax.nn.silu(self.norm2(h)))
+        h = self.conv1(silu(self.norm1(x)))
+        h = self.conv2(silu(self.norm2(h)))
         return h + (self.conv_shortcut(x) if self.conv_shortcut is not None else x)
 
 

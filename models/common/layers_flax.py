@@ -8,10 +8,14 @@ from flax import nnx
 
 from .attention import blocked_attention
 from .group_norm import group_norm
+from .precision import in_float32
 
 
 class Buffer(nnx.Variable):
     """A tensor the checkpoint carries that is no parameter (diffusers' persistent buffers)."""
+
+
+silu = in_float32(jax.nn.silu)
 
 
 class _RoundedOnce:

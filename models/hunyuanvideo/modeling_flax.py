@@ -12,14 +12,13 @@ Kernels start at zero, not random: the model exists to be filled from a checkpoi
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from ..common.blocks_flax import DownBlock, MidBlock, UpBlock
 from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import Conv, GroupNorm
+from ..common.layers_flax import Conv, GroupNorm, silu
 from ..common.steps_flax import run_clip
 from ..common.tiling import TilingMixin
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
@@ -105,7 +104,7 @@ class HunyuanVideoEncoder3D(nnx.Module):
         for block in self.down_blocks:
             x = block(x)
         x = self.mid_block(x)
-        return self.conv_out(jax.nn.silu(self.conv_norm_out(x))), None
+        return self.conv_out(silu(self.conv_norm_out(x))), None
 
 
 class HunyuanVideoDecoder3D(nnx.Module):
@@ -138,7 +137,7 @@ class HunyuanVideoDecoder3D(nnx.Module):
         x = self.mid_block(self.conv_in(x))
         for block in self.up_blocks:
             x = block(x)
-        return self.conv_out(jax.nn.silu(self.conv_norm_out(x))), None
+        return self.conv_out(silu(self.conv_norm_out(x))), None
 
 
 class AutoencoderKLHunyuanVideo(TilingMixin, nnx.Module):

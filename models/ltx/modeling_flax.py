@@ -19,7 +19,7 @@ from flax import nnx
 
 from ..common.conv import cpu_conv, prepadded_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import Buffer, Conv, Linear
+from ..common.layers_flax import Buffer, Conv, Linear, silu
 from ..common.sharding import whole_where_width_uneven
 from ..common.steps_flax import run_clip
 from ..common.tiling import TilingMixin
@@ -104,7 +104,7 @@ class TimestepEmbedding(nnx.Module):
         self.linear_2 = Linear(embedding_dim, embedding_dim, **kw)
 
     def __call__(self, x):
-        return self.linear_2(jax.nn.silu(self.linear_1(x)))
+        return self.linear_2(silu(self.linear_1(x)))
 
 
 class LTXVideoResnetBlock3d(nnx.Module):
@@ -156,11 +156,11 @@ class LTXVideoResnetBlock3d(nnx.Module):
             table = temb.reshape(b, 4, -1) + self.scale_shift_table[...][None]
             shift_1, scale_1, shift_2, scale_2 = (table[:, i, None, None, None, :] for i in range(4))
             h = h * (1 + scale_1) + shift_1
-        h = self._add_noise(self.conv1(jax.nn.silu(h)), self.per_channel_scale1, noise)
+        h = self._add_noise(self.conv1(silu(h)), self.per_channel_scale1, noise)
         h = rms_norm(h)
         if self.scale_shift_table is not None:
             h = h * (1 + scale_2) + shift_2
-        h = self._add_noise(self.conv2(jax.nn.silu(h)), self.per_channel_scale2, noise)
+        h = self._add_noise(self.conv2(silu(h)), self.per_channel_scale2, noise)
         if self.norm3 is not None:
             inputs = self.norm3(inputs)
         if self.conv_shortcut is not None:
@@ -330,7 +330,7 @@ class LTXVideoEncoder3d(nnx.Module):
         x = self.conv_in(x.reshape(b, t // pt, h // p, w // p, c * pt * p * p))
         for block in self.down_blocks:
             x = block(x)
-        x = self.conv_out(jax.nn.silu(rms_norm(self.mid_block(x))))
+        x = self.conv_out(silu(rms_norm(self.mid_block(x))))
         logvar = x[..., -1:]
         return jnp.concatenate([x, jnp.repeat(logvar, x.shape[-1] - 2, axis=-1)], axis=-1), None
 
@@ -371,7 +371,7 @@ class LTXVideoDecoder3d(nnx.Module):
             table = self.time_embedder(temb, x.dtype).reshape(b, 2, -1) + self.scale_shift_table[...][None]
             shift, scale = table[:, 0, None, None, None, :], table[:, 1, None, None, None, :]
             x = x * (1 + scale) + shift
-        x = self.conv_out(jax.nn.silu(x))
+        x = self.conv_out(silu(x))
         pt, p, _ = self.patch
         b, t, h, w, c = x.shape
         x = x.reshape(b, t, h, w, c // (pt * p * p), pt, p, p).transpose(0, 1, 5, 2, 7, 3, 6, 4)

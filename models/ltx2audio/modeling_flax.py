@@ -16,7 +16,7 @@ from flax import nnx
 from ..common.attention import blocked_attention
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
-from ..common.layers_flax import Buffer, Conv, GroupNorm
+from ..common.layers_flax import Buffer, Conv, GroupNorm, silu
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import AutoencoderKLLTX2AudioConfig, causal_padding, decoded_size, downsample_padding, upsample_crop
@@ -73,8 +73,8 @@ class LTX2AudioResnetBlock(nnx.Module):
         )
 
     def __call__(self, x):
-        h = self.conv1(jax.nn.silu(self.norm1(x)))
-        h = self.conv2(jax.nn.silu(self.norm2(h)))
+        h = self.conv1(silu(self.norm1(x)))
+        h = self.conv2(silu(self.norm2(h)))
         return h + (self.nin_shortcut(x) if self.nin_shortcut is not None else x)
 
 
@@ -167,7 +167,7 @@ class LTX2AudioEncoder(nnx.Module):
             x = level(x)
             if level.downsample is not None:
                 x = level.downsample(x)
-        return self.conv_out(jax.nn.silu(self.norm_out(self.mid(x)))), None
+        return self.conv_out(silu(self.norm_out(self.mid(x)))), None
 
 
 class LTX2AudioDecoder(nnx.Module):
@@ -194,7 +194,7 @@ class LTX2AudioDecoder(nnx.Module):
             x = level(x)
             if level.upsample is not None:
                 x = level.upsample(x)
-        x = self.conv_out(jax.nn.silu(self.norm_out(x)))[:, :frames, :bins]
+        x = self.conv_out(silu(self.norm_out(x)))[:, :frames, :bins]
         return jnp.pad(x, ((0, 0), (0, frames - x.shape[1]), (0, bins - x.shape[2]), (0, 0))), None
 
 

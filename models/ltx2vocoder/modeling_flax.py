@@ -40,7 +40,8 @@ def conv1d(in_channels, out_channels, kernel_size, *, dilation=1, bias=True, rng
 
 class ConvTranspose1d(nnx.Module):
     """PyTorch's ConvTranspose1d(stride, padding): its (I, O, k) weight kept as (k, I, O), run as a convolution of
-    the zero-stuffed input with the kernel reversed; output length (L - 1) x stride - 2 x padding + k."""
+    the zero-stuffed input with the kernel reversed; output length (L - 1) x stride - 2 x padding + k; accumulated in
+    float32 with its bias, rounded once (models/common/layers_flax.py, Conv)."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride, padding, *, rngs, param_dtype):
         self.stride, self.edge = stride, kernel_size - 1 - padding
@@ -50,9 +51,9 @@ class ConvTranspose1d(nnx.Module):
     def __call__(self, x):
         y = jax.lax.conv_general_dilated(
             x, self.kernel[::-1].astype(x.dtype), (1,), [(self.edge, self.edge)], lhs_dilation=(self.stride,),
-            dimension_numbers=DIMENSIONS,
+            dimension_numbers=DIMENSIONS, preferred_element_type=jnp.float32,
         )  # fmt: skip
-        return y + self.bias.astype(x.dtype)
+        return (y + self.bias[...].astype(jnp.float32)).astype(x.dtype)  # rounded once, as the other layers' (Conv)
 
 
 def fir(x, taps, *, stride=1):

@@ -24,7 +24,7 @@ from flax import nnx
 from ..common.attention import query_split_attention
 from ..common.conv import prepadded_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import Conv, GroupNorm, Linear
+from ..common.layers_flax import Conv, GroupNorm, Linear, silu
 from ..common.sharding import constrain_tokens
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
@@ -79,8 +79,8 @@ class MiniMaxH3VideoResnetBlock3d(nnx.Module):
         self.conv_shortcut = MiniMaxH3VideoCausalConv3d(in_channels, out_channels, 1, **kw) if shortcut else None
 
     def __call__(self, x):
-        h = self.conv1(jax.nn.silu(self.norm1(x)))
-        h = self.conv2(jax.nn.silu(self.norm2(h)))
+        h = self.conv1(silu(self.norm1(x)))
+        h = self.conv2(silu(self.norm2(h)))
         return (x if self.conv_shortcut is None else self.conv_shortcut(x)) + h
 
 
@@ -140,7 +140,7 @@ class MiniMaxH3VideoEncoder3d(nnx.Module):
         x = self.conv_in(x)
         for block in self.down_blocks:
             x = block(x)
-        return self.conv_out(jax.nn.silu(self.norm_out(x))), None
+        return self.conv_out(silu(self.norm_out(x))), None
 
 
 def rms_norm(x, eps, scale=None):
@@ -216,7 +216,7 @@ class SwiGLU(nnx.Module):
 
     def __call__(self, x):
         up, gate = jnp.split(self.proj(x), 2, axis=-1)  # diffusers' order: [up; gate]
-        return up * jax.nn.silu(gate)
+        return up * silu(gate)
 
 
 class Dropout(nnx.Module):

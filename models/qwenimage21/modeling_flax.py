@@ -7,10 +7,11 @@ from __future__ import annotations
 from flax import nnx
 
 from ..common.conv import cpu_conv
+from ..common.layers_flax import Conv
 from ..wan.modeling_flax import AutoencoderKLWan, triple
 
 
-class QwenImage21CausalConv3d(nnx.Conv):
+class QwenImage21CausalConv3d(Conv):
     """diffusers' `QwenImage21CausalConv3d`: a Conv2d over the frame, built from the arguments Wan gives its 3D
     convolution with their time axis dropped (a 1x1 `time_conv`, a 3x3 residual conv). Called as Wan's: where Wan's
     takes a history it returns (x, None), an image leaving no cache behind."""

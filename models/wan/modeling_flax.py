@@ -25,7 +25,7 @@ from ..common.attention import blocked_attention
 from ..common.cache import run_cached
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import Conv, Linear
+from ..common.layers_flax import Conv, Linear, silu
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
 from .config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
@@ -37,7 +37,7 @@ def triple(value) -> tuple[int, int, int]:
     return tuple(value) if isinstance(value, (tuple, list)) else (value,) * 3
 
 
-class WanCausalConv3d(nnx.Conv):
+class WanCausalConv3d(Conv):
     """Conv3d padded causally in time (2*p frames of history in front) and symmetrically in space. With history it
     takes and returns the cache; without (p = 0: the 1x1x1 and strided temporal convs) it is a plain convolution."""
 
@@ -76,10 +76,13 @@ class WanCausalConv3d(nnx.Conv):
         return jnp.concatenate([*head, super().__call__(x)] if x.shape[1] >= taps else head, axis=1)
 
     def _conv(self, x, kernel):
-        """This layer's convolution of x by `kernel`, some of its time taps."""
+        """This layer's convolution of x by `kernel`, some of its time taps, rounded once as its whole one (Conv)."""
         x, kernel, bias = self.promote_dtype((x, kernel, self.bias[...]), dtype=self.dtype)
-        dimension_numbers = ("NDHWC", "DHWIO", "NDHWC")
-        return self.conv_general_dilated(x, kernel, (1, 1, 1), self.padding, dimension_numbers=dimension_numbers) + bias
+        y = self.conv_general_dilated(
+            x, kernel, (1, 1, 1), self.padding, dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
+            preferred_element_type=jnp.float32,
+        )  # fmt: skip
+        return (y + bias.astype(jnp.float32)).astype(x.dtype)
 
 
 def _conv(in_channels, out_channels, kernel_size, *, rngs, param_dtype, **kwargs):
@@ -190,8 +193,8 @@ class WanResidualBlock(nnx.Module):
         cache = cache or {}
         new = {}
         h = x if self.conv_shortcut is None else self.conv_shortcut(x)
-        x, new["conv1"] = self.conv1(nnx.silu(self.norm1(x)), cache.get("conv1"))
-        x, new["conv2"] = self.conv2(nnx.silu(self.norm2(x)), cache.get("conv2"))
+        x, new["conv1"] = self.conv1(silu(self.norm1(x)), cache.get("conv1"))
+        x, new["conv2"] = self.conv2(silu(self.norm2(x)), cache.get("conv2"))
         return x + h, new
 
 
@@ -283,7 +286,7 @@ class WanEncoder3d(nnx.Module):
         x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
         x, new["down_blocks"] = run_cached(self.down_blocks, x, cache.get("down_blocks"))
         x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
-        x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x)), cache.get("conv_out"))
+        x, new["conv_out"] = self.conv_out(silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
 
 
@@ -354,7 +357,7 @@ class WanDecoder3d(nnx.Module):
         x, new["conv_in"] = self.conv_in(x, cache.get("conv_in"))
         x, new["mid_block"] = self.mid_block(x, cache.get("mid_block"))
         x, new["up_blocks"] = run_cached(self.up_blocks, x, cache.get("up_blocks"))
-        x, new["conv_out"] = self.conv_out(nnx.silu(self.norm_out(x)), cache.get("conv_out"))
+        x, new["conv_out"] = self.conv_out(silu(self.norm_out(x)), cache.get("conv_out"))
         return x, new
 
 
