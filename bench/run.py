@@ -935,7 +935,7 @@ def main():
             shutil.rmtree(model_work)  # its files would crowd the next model's out of the page cache
             # written after each model: a long run that stops keeps what it measured
             args.out.mkdir(parents=True, exist_ok=True)
-            name = "smoke" if args.smoke else "steady" if args.steady_only else "latest"
+            name = "steady" if args.steady_only else "smoke" if args.smoke else "latest"
             (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
             (args.out / f"{name}.md").write_text(markdown(results))
     print(markdown(results))

@@ -11,9 +11,9 @@ import torch
 from tests.helpers import REPO
 
 
-def _smoke(script: str, out):
+def _smoke(script: str, out, *options):
     """A benchmark script's smoke mode, run as a user runs it, its results written to `out`."""
-    command = [sys.executable, "-m", script, "--smoke", "--out", str(out)]
+    command = [sys.executable, "-m", script, "--smoke", "--out", str(out), *options]
     subprocess.run(command, cwd=REPO, check=True, capture_output=True, text=True)
 
 
@@ -50,6 +50,17 @@ def test_benchmark_smoke_mode(tmp_path):
     full = markdown(results)
     assert "| wan2.1 | diffusers |" in full and "| torch |" not in full
     assert f"| wan2.1 | flax+cache | {runs['flax']['decode']['first']:.2f} s | - |" in full
+
+
+@pytest.mark.slow  # a fresh process timing three implementations
+def test_steady_only_mode(tmp_path):
+    """--steady-only (each family's rate) times every implementation's steady calls and nothing else."""
+    _smoke("bench.run", tmp_path, "--steady-only")
+    (wan,) = json.loads((tmp_path / "steady.json").read_text())["models"].values()
+    assert set(wan) == {"shapes", "run", "bench_seconds"} and set(wan["bench_seconds"]) == {"steady"}
+    assert all(wan["run"][impl][part]["steady"] > 0 for impl in ("flax", "torchax", "diffusers") for part in (
+        "decode", "encode"))  # fmt: skip
+    assert "| wan2.1 | diffusers |" in (tmp_path / "steady.md").read_text()
 
 
 @pytest.mark.slow  # every implementation and dtype, each first call a fresh process
