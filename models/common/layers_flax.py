@@ -22,7 +22,7 @@ class _RoundedOnce:
     """A layer rounded once: in a low precision it accumulates in float32 and adds its bias there, as PyTorch's
     convolutions and linear layers do, then rounds to the dtype it computes in. Rounding the product and again its
     sum with the bias puts a bfloat16 decode up to a third further from float32 than diffusers' bfloat16
-    (docs/performance.md, bfloat16)."""
+    (docs/performance.md, Design decisions)."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, preferred_element_type=jnp.float32, **kwargs)

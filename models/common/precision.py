@@ -8,7 +8,7 @@ import jax.numpy as jnp
 def in_float32(activation):
     """`activation` computed in float32 and rounded once to its input's dtype, as PyTorch computes its activations
     on low-precision tensors: SiLU as x * sigmoid(x) in bfloat16 rounds twice, which alone puts a bfloat16 decode
-    about a seventh further from float32 than diffusers' bfloat16 (docs/performance.md, bfloat16)."""
+    about a seventh further from float32 than diffusers' bfloat16 (docs/performance.md, Design decisions)."""
 
     def rounded_once(x):
         return activation(x.astype(jnp.float32)).astype(x.dtype)
