@@ -134,6 +134,7 @@ def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, out
     from torchax.ops import jaten
 
     from converter.models.common.conv import cpu_conv
+    from converter.models.common.precision import plus_bias
 
     if transposed or x.ndim not in (4, 5):
         wide = (None if a is None else a.astype(jnp.float32) for a in (x, weight, bias))
@@ -152,9 +153,7 @@ def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, out
         feature_group_count=groups,
         preferred_element_type=jnp.float32,
     )
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    return lax.transpose(y.astype(jnp.result_type(x, weight)), to_first)
+    return lax.transpose(plus_bias(y, bias, jnp.result_type(x, weight)), to_first)
 
 
 def _convolution(*args):

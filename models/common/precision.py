@@ -14,3 +14,9 @@ def in_float32(activation):
         return activation(x.astype(jnp.float32)).astype(x.dtype)
 
     return rounded_once
+
+
+def plus_bias(y, bias, dtype):
+    """A product accumulated in float32 (`preferred_element_type`) plus its bias, rounded once to `dtype`, as
+    PyTorch's convolutions and linear layers round theirs; no bias: the product, rounded."""
+    return (y if bias is None else y + bias.astype(jnp.float32)).astype(dtype)

@@ -14,6 +14,7 @@ from flax import nnx
 
 from ..common.inputs import expect_spectrogram
 from ..common.layers_flax import Buffer, Conv
+from ..common.precision import plus_bias
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import LTX2VocoderConfig, LTX2VocoderWithBWEConfig
@@ -53,7 +54,7 @@ class ConvTranspose1d(nnx.Module):
             x, self.kernel[::-1].astype(x.dtype), (1,), [(self.edge, self.edge)], lhs_dilation=(self.stride,),
             dimension_numbers=DIMENSIONS, preferred_element_type=jnp.float32,
         )  # fmt: skip
-        return (y + self.bias[...].astype(jnp.float32)).astype(x.dtype)  # rounded once, as the other layers' (Conv)
+        return plus_bias(y, self.bias[...], x.dtype)
 
 
 def fir(x, taps, *, stride=1):

@@ -26,6 +26,7 @@ from ..common.cache import run_cached
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
 from ..common.layers_flax import Conv, Linear, silu
+from ..common.precision import plus_bias
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
 from .config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
@@ -82,7 +83,7 @@ class WanCausalConv3d(Conv):
             x, kernel, (1, 1, 1), self.padding, dimension_numbers=("NDHWC", "DHWIO", "NDHWC"),
             preferred_element_type=jnp.float32,
         )  # fmt: skip
-        return (y + bias.astype(jnp.float32)).astype(x.dtype)
+        return plus_bias(y, bias, x.dtype)
 
 
 def _conv(in_channels, out_channels, kernel_size, *, rngs, param_dtype, **kwargs):
