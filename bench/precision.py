@@ -6,14 +6,14 @@ inputs at a model's real size:
 
 Each run replaces the rows of the models it names in bench/results/precision.{json,md} and keeps the others.
 
-Each model: a random checkpoint of the real architecture (`vae-convert random-checkpoint`), converted with
-`--dtype bfloat16` to each target (no validation), and diffusers' model on the float32 checkpoint. The reference is
-diffusers in float32; the rows are diffusers' model cast to bfloat16 and our outputs run as users run them (in their
-own dtype: `runner(..., native=True)`), each on the same input cast to bfloat16: max and mean |bf16 - fp32| and the
-relative L2 error (|bf16 - fp32|_2 / |fp32|_2) of the decode, and of the encode's mean where there is an encoder.
-Ours should be no further than diffusers'. The sample is the family's native size (FamilySpec.native_size) unless
---size says otherwise, uniform in [-1, 1]; the decode's input is a standard normal latent of the size the sample
-encodes to (a decoder alone: of the sample's size).
+Each model: a random checkpoint of the real architecture (`vae-convert random-checkpoint`), converted with `--dtype
+bfloat16` to each target (no validation), and diffusers' model on the float32 checkpoint. The reference is diffusers
+in float32; the rows are diffusers' model loaded in bfloat16 (`torch_dtype`, its `_keep_in_fp32_modules` kept) and
+our outputs run as users run them (in their own dtype: `runner(..., native=True)`), each on the same input cast to
+bfloat16: max and mean |bf16 - fp32| and the relative L2 error (|bf16 - fp32|_2 / |fp32|_2) of the decode, and of
+the encode's mean where there is an encoder. Ours should be no further than diffusers'. The sample is the family's
+native size (FamilySpec.native_size) unless --size says otherwise, uniform in [-1, 1]; the decode's input is a
+standard normal latent of the size the sample encodes to (a decoder alone: of the sample's size).
 """
 
 from __future__ import annotations

@@ -683,9 +683,9 @@ def _cell(measured: dict, model: dict) -> str:
 
 def markdown(results: dict) -> str:
     lines = [f"Machine: {results['device']}; {results['date']}; mode: {results['mode']}.", *_rate_line(results), ""]
-    measured = {model: r for model, r in results["models"].items() if "convert" in r}
     if results.get("steady only"):
         return "\n".join(lines + steady_table(results) + time_spent(results)) + "\n"
+    measured = {model: r for model, r in results["models"].items() if "convert" in r}
     if not measured:  # compile-only
         return "\n".join(lines + compile_table(results)[1:] + time_spent(results)) + "\n"
     lines += [
