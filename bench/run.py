@@ -336,7 +336,7 @@ class CompileOnlyStep:
     def __init__(self, step):
         self.step, self.compiled, self.cache_layout = step, {}, {}
 
-    def __call__(self, part, mesh, model, x, cache, inputs):
+    def __call__(self, part, mesh, model, x, cache, inputs, keep_cache):
         import jax
         import jax.numpy as jnp
         from jax.sharding import NamedSharding
@@ -350,7 +350,7 @@ class CompileOnlyStep:
         replicated, activations = (
             (NamedSharding(mesh, P()), NamedSharding(mesh, activation_spec(x.ndim))) if mesh else (None, None)
         )
-        key = (part, tuple(x.shape), cache is None)
+        key = (part, tuple(x.shape), cache is None, keep_cache)
         if key not in self.compiled:
             args = (
                 jax.tree.map(lambda v: spec(v, replicated), model),
@@ -359,7 +359,7 @@ class CompileOnlyStep:
                 jax.tree.map(lambda v: spec(v, replicated), inputs),
             )
             started = time.perf_counter()
-            compiled = self.step.lower(part, mesh, *args).compile()
+            compiled = self.step.lower(part, mesh, *args, keep_cache).compile()
             self.compiled[key] = (compiled, time.perf_counter() - started)
         compiled, _ = self.compiled[key]
         self.cache_layout[part] = compiled.output_shardings[1]
@@ -427,7 +427,7 @@ def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None
             out = jax.eval_shape(functools.partial(run, part), abstract, video)
             memory = [c.memory_analysis() for c, _ in recorder.compiled.values()]
             flops = sum(_flops(c) for c, _ in recorder.compiled.values())
-            frames, cache_bytes = _cache_frames(list(recorder.compiled.values())[-1][0].out_info)
+            frames, cache_bytes = max(_cache_frames(c.out_info) for c, _ in recorder.compiled.values())
             result[part] = {
                 "input": list(video.shape),
                 "steps": len(recorder.compiled),

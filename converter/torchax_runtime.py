@@ -219,12 +219,12 @@ class _ChunkStep(nn.Module):
     """One chunk step of `model` (encoder then quant_conv, or post_quant_conv then decoder) as a module, so that
     torch.func.functional_call can pass the parameters in as arguments."""
 
-    def __init__(self, model: nn.Module, part: str):
+    def __init__(self, model: nn.Module, part: str, keep_cache: bool):
         super().__init__()
-        self.model, self.part = model, part
+        self.model, self.part, self.keep_cache = model, part, keep_cache
 
     def forward(self, x, cache, inputs):
-        return self.model.chunk_step(self.part, x, cache, inputs)
+        return self.model.chunk_step(self.part, x, cache, inputs, self.keep_cache)
 
 
 class TorchaxVAE:
@@ -257,13 +257,13 @@ class TorchaxVAE:
         }
         self._steps = {}
 
-    def _step(self, part: str, x, cache, inputs):
-        if part not in self._steps:
+    def _step(self, part: str, x, cache, inputs, keep_cache: bool):
+        if (part, keep_cache) not in self._steps:
             from torchax import interop
 
             from converter.models.common.conv import STEP_COMPILER_OPTIONS
 
-            module = _ChunkStep(self.model, part)
+            module = _ChunkStep(self.model, part, keep_cache)
 
             def run(params, x, cache, inputs):
                 params = {
@@ -275,8 +275,8 @@ class TorchaxVAE:
                 return torch.func.functional_call(module, params, (x, cache, inputs))
 
             jitted = interop.jax_jit(run, kwargs_for_jax_jit={"compiler_options": STEP_COMPILER_OPTIONS})
-            self._steps[part] = functools.partial(jitted, self.params)
-        return self._steps[part](x, cache, inputs)
+            self._steps[part, keep_cache] = functools.partial(jitted, self.params)
+        return self._steps[part, keep_cache](x, cache, inputs)
 
     def encode(self, x: torch.Tensor):
         """(B, C, T, H, W) torchax tensor (see `to_jax_tensor`) -> the model's EncoderOutput."""

@@ -37,9 +37,9 @@ report = {"devices": len(jax.devices()), "scale": {k: float(np.abs(v).max()) for
 first_caches, jitted_step = [], steps_flax.step
 
 
-def recording_step(part, mesh, model, chunk, cache, inputs):
-    out, new_cache = jitted_step(part, mesh, model, chunk, cache, inputs)
-    if cache is None:
+def recording_step(part, mesh, model, chunk, cache, inputs, keep_cache):
+    out, new_cache = jitted_step(part, mesh, model, chunk, cache, inputs, keep_cache)
+    if cache is None and keep_cache:
         first_caches.append((part, mesh, new_cache))
     return out, new_cache
 

@@ -30,7 +30,8 @@ the parts a model has.
 
 Running. The chunk runners (models/common/steps_flax.py, steps_torch.py) run a part as chunks of frames, one compiled
 step per chunk shape with the causal cache passed in and out explicitly (`run_chunks`, `run_clip`), or whole in one
-step (`run_image`: a sample without a frame axis). Extra decode inputs (a timestep, noise maps) are keyword arguments
+step (`run_image`: a sample without a frame axis). A step returns its cache only where a later chunk needs it
+(`keeps_cache`). Extra decode inputs (a timestep, noise maps) are keyword arguments
 named as diffusers names them, taken by `decode` and handed to the decoder of every chunk and tile.
 
 Tiling. `enable_tiling(**settings)` / `disable_tiling()` with diffusers' keywords (`TilingMixin`, models/common/
@@ -111,7 +112,7 @@ class TorchDecoder(Protocol):
 
     def decode(self, z, *, step=None, **inputs) -> Any: ...
 
-    def chunk_step(self, part: str, x, cache, inputs: dict) -> tuple[Any, Any]: ...
+    def chunk_step(self, part: str, x, cache, inputs: dict, keep_cache: bool = True) -> tuple[Any, Any]: ...
 
     def enable_tiling(self, **settings) -> None: ...
 
@@ -181,6 +182,16 @@ def signature_problems(implementation: type, protocol: type) -> list[str]:
             if extra.default is inspect.Parameter.empty or not takes_inputs:
                 problems.append(f"{where}: {extra.name} is not an optional input the protocol allows")
     return problems
+
+
+def keeps_cache(bounds: list[tuple[int, int]], index: int) -> bool:
+    """Whether the step of chunk `index` of `bounds` (frames [start, end)) returns its cache: where a later chunk
+    takes it, or where the same step (a later chunk of the same length) is compiled with it already. The rest, such
+    as an image's one chunk, return None: Qwen-Image's cache of one 1024x1024 frame is 9.9 GB, written for nothing."""
+    if index < len(bounds) - 1:
+        return True
+    length = bounds[index][1] - bounds[index][0]
+    return any(end - start == length for start, end in bounds[1:index])
 
 
 def encoded(output) -> tuple:

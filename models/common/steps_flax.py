@@ -11,6 +11,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .conv import STEP_COMPILER_OPTIONS
+from .protocol import keeps_cache
 from .sharding import auto_axes, constrain_activations, replicate, shard_activations
 from .tiling import run_framewise, run_tiled
 
@@ -18,10 +19,12 @@ from .tiling import run_framewise, run_tiled
 # The model goes into the jitted step as it is: NNX modules are pytrees, which JAX flattens in a few milliseconds a
 # call, where `nnx.split` walks the module graph several times longer and its graphdef, a static argument, is hashed
 # anew on every call.
-@functools.partial(jax.jit, static_argnums=(0, 1), compiler_options=STEP_COMPILER_OPTIONS)
-def step(part, mesh, model, x, cache, inputs):
+@functools.partial(jax.jit, static_argnums=(0, 1, 6), compiler_options=STEP_COMPILER_OPTIONS)
+def step(part, mesh, model, x, cache, inputs, keep_cache):
     """One chunk through the encoder (then quant_conv) or the decoder (after post_quant_conv), with the part's extra
-    inputs (a dict of arrays by keyword, {} for most families); compiled once per (chunk shape, first chunk or not).
+    inputs (a dict of arrays by keyword, {} for most families), and its cache, or None where no later chunk takes it
+    (`keep_cache` False: XLA then leaves the cache out of the step); compiled once per (chunk shape, first chunk or
+    not, keep_cache).
     The 1x1x1 quant convs act per pixel, so applying them per chunk is exact. On a mesh (its Auto view), the new cache
     is laid out as the activations are, and the convolutions see the mesh (models/common/conv.py exchanges their
     width halos)."""
@@ -31,7 +34,7 @@ def step(part, mesh, model, x, cache, inputs):
         x, cache = getattr(model, part)(x, cache, **inputs)
         if part == "encoder" and model.quant_conv is not None:
             x = model.quant_conv(x)
-    return x, constrain_activations(cache, mesh)
+    return x, constrain_activations(cache, mesh) if keep_cache else None
 
 
 def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]] | None, mesh=None, inputs=None):
@@ -46,9 +49,10 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]] | 
     def run(x):
         outs, cache, given = [], None, inputs(x) if callable(inputs) else inputs or {}
         if bounds is None:  # an image: no frames, one step
-            return _fitting(model, part, step, mesh, placed, x, None, given)[0]
-        for start, end in bounds:
-            out, cache = _fitting(model, part, step, mesh, placed, x[:, start:end], cache, given)
+            return _fitting(model, part, step, mesh, placed, x, None, given, False)[0]
+        for index, (start, end) in enumerate(bounds):
+            keep = keeps_cache(bounds, index)
+            out, cache = _fitting(model, part, step, mesh, placed, x[:, start:end], cache, given, keep)
             outs.append(out)
         return jnp.concatenate(outs, axis=1)
 

@@ -7,22 +7,23 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .protocol import keeps_cache
 from .tiling import TilingMixin, run_framewise, run_tiled
 
 
 class ChunkedAutoencoder(TilingMixin, nn.Module):
     """Subclasses define encoder, decoder, quant_conv and post_quant_conv (either may be None), and `config`."""
 
-    def chunk_step(self, part: str, x: torch.Tensor, cache, inputs: dict):
+    def chunk_step(self, part: str, x: torch.Tensor, cache, inputs: dict, keep_cache: bool = True):
         """One chunk through the encoder then quant_conv, or post_quant_conv then the decoder, with the part's extra
-        inputs (tensors by keyword, {} for most families). The 1x1x1 quant convs act per pixel, so applying them per
-        chunk is exact."""
+        inputs (tensors by keyword, {} for most families), and its cache (None without `keep_cache`: no later chunk
+        takes it). The 1x1x1 quant convs act per pixel, so applying them per chunk is exact."""
         if part == "decoder" and self.post_quant_conv is not None:
             x = self.post_quant_conv(x)
         x, cache = getattr(self, part)(x, cache, **inputs)
         if part == "encoder" and self.quant_conv is not None:
             x = self.quant_conv(x)
-        return x, cache
+        return x, cache if keep_cache else None
 
     def run_chunks(
         self, part: str, x: torch.Tensor, bounds: list[tuple[int, int]] | None, step=None, inputs=None
@@ -30,16 +31,16 @@ class ChunkedAutoencoder(TilingMixin, nn.Module):
         """x (B, C, T, H, W) through `part` ("encoder" or "decoder") in chunks of frames [start, end), the cache
         carried from one to the next (bounds None: x is an image (B, C, H, W), run in one step), `inputs` (keyword
         tensors) given to every chunk of every tile (or a function of the tile's input that returns them).
-        `step(part, chunk, cache, inputs)` runs one chunk: `chunk_step` unless the torchax runtime passes its
-        compiled one."""
+        `step(part, chunk, cache, inputs, keep_cache)` runs one chunk: `chunk_step` unless the torchax runtime passes
+        its compiled one."""
         step = step or self.chunk_step
 
         def run(x):
             outs, cache, given = [], None, inputs(x) if callable(inputs) else inputs or {}
             if bounds is None:  # an image: no frames, one step
-                return step(part, x, None, given)[0]
-            for start, end in bounds:
-                out, cache = step(part, x[:, :, start:end], cache, given)
+                return step(part, x, None, given, False)[0]
+            for index, (start, end) in enumerate(bounds):
+                out, cache = step(part, x[:, :, start:end], cache, given, keeps_cache(bounds, index))
                 outs.append(out)
             return torch.cat(outs, dim=2)
 
