@@ -272,3 +272,36 @@ def test_a_decode_that_cannot_fit_says_to_tile(outputs):
         result.stderr[-2000:]
     )
     assert "vae.enable_tiling()" in result.stdout
+
+
+def test_a_step_returns_its_cache_only_where_a_later_chunk_takes_it(outputs, monkeypatch):
+    """A one-frame decode (an image's one chunk) returns no cache; of three chunks, the first two pass theirs on and
+    the last, the same step as the second, keeps it rather than compile another: in both frameworks' runners."""
+    from converter.models.common import steps_flax
+
+    flax_steps, jitted = [], steps_flax.step
+
+    def recording(part, mesh, model, x, cache, inputs, keep_cache):
+        out, new_cache = jitted(part, mesh, model, x, cache, inputs, keep_cache)
+        flax_steps.append((keep_cache, new_cache is None))
+        return out, new_cache
+
+    monkeypatch.setattr(steps_flax, "step", recording)
+    vae = converter.load(outputs / "flax")
+    vae.decode(LATENT[:, :1])
+    vae.decode(LATENT)
+    assert flax_steps == [(False, True), (True, False), (True, False), (True, False)]
+
+    model, torch_steps = converter.load(outputs / "tx"), []
+    chunk_step = model.chunk_step
+
+    def recording_chunk_step(part, x, cache, inputs, keep_cache=True):
+        out, new_cache = chunk_step(part, x, cache, inputs, keep_cache)
+        torch_steps.append((keep_cache, new_cache is None))
+        return out, new_cache
+
+    monkeypatch.setattr(model, "chunk_step", recording_chunk_step)
+    latent = torch.from_numpy(LATENT).permute(0, 4, 1, 2, 3).to(torch.bfloat16)
+    model.decode(latent[:, :, :1])
+    model.decode(latent)
+    assert torch_steps == flax_steps
