@@ -73,6 +73,12 @@ def count(model: str, latent: list[int], video: list[int] | None, small: bool = 
     return counted
 
 
+def matmul_rate(results: dict, model: str) -> float:
+    """The matrix-multiply rate (GFLOP/s) a run sets `model` against: the one measured around it, where the run
+    measured one per model, else the run's."""
+    return results["models"][model].get("matmul", results["matmul"])["gflops"]
+
+
 def rates(path: Path) -> list[dict]:
     """The rows of one result that recorded its shapes and its machine's matrix-multiply rate (earlier results do
     not say which shapes they timed)."""
@@ -86,7 +92,7 @@ def rates(path: Path) -> list[dict]:
         if not steady or "shapes" not in result:
             continue
         gflop = count(model, result["shapes"]["latent"], result["shapes"]["video"])
-        rate = results["matmul"]["gflops"]
+        rate = matmul_rate(results, model)
         for impl, timings in steady.items():
             for part, operations in gflop.items():
                 seconds = timings.get(part, {}).get("steady")
