@@ -258,17 +258,17 @@ resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
 import converter
 vae = converter.load(sys.argv[1])
 try:
-    vae.decode(np.zeros((1, 1, 512, 512, 4), np.float32))
+    vae.decode(np.zeros((1, 1, 2048, 2048, 4), np.float32))
 except MemoryError as e:
     print("MemoryError:", e)
 """
 
 
 def test_a_decode_that_cannot_fit_says_to_tile(outputs):
-    """Out of memory (here a 4 GB address-space limit, for a 4096x4096 frame) is a MemoryError that says to tile,
+    """Out of memory (here a 4 GB address-space limit, for a 16384x16384 frame) is a MemoryError that says to tile,
     raised by decode itself, not later where the result is first read."""
     result = subprocess.run([sys.executable, "-c", TOO_BIG, str(outputs / "flax")], capture_output=True, text=True)
-    assert "MemoryError: the decoder step of a (1, 1, 512, 512, 4) chunk does not fit in memory" in result.stdout, (
+    assert "MemoryError: the decoder step of a (1, 1, 2048, 2048, 4) chunk does not fit in memory" in result.stdout, (
         result.stderr[-2000:]
     )
     assert "vae.enable_tiling()" in result.stdout
