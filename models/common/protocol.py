@@ -31,8 +31,8 @@ the parts a model has.
 Running. The chunk runners (models/common/steps_flax.py, steps_torch.py) run a part as chunks of frames, one compiled
 step per chunk shape with the causal cache passed in and out explicitly (`run_chunks`, `run_clip`), or whole in one
 step (`run_image`: a sample without a frame axis). A step returns its cache only where a later chunk needs it
-(`keeps_cache`). Extra decode inputs (a timestep, noise maps) are keyword arguments
-named as diffusers names them, taken by `decode` and handed to the decoder of every chunk and tile.
+(`keeps_cache`). Extra decode inputs (a timestep, noise maps) are keyword arguments named as diffusers names them,
+taken by `decode` and handed to the decoder of every chunk and tile.
 
 Tiling. `enable_tiling(**settings)` / `disable_tiling()` with diffusers' keywords (`TilingMixin`, models/common/
 tiling.py): the model's `tiling_class` is its settings dataclass, whose `plans(config)` gives each part's `TilePlan`
