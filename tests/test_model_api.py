@@ -275,8 +275,8 @@ def test_a_decode_that_cannot_fit_says_to_tile(outputs):
 
 
 def test_a_step_returns_its_cache_only_where_a_later_chunk_takes_it(outputs, monkeypatch):
-    """A one-frame decode (an image's one chunk) returns no cache; of three chunks, the first two pass theirs on and
-    the last, the same step as the second, keeps it rather than compile another: in both frameworks' runners."""
+    """A one-frame decode (an image's one chunk) returns no cache; of three chunks, each returns its cache, the last
+    too (the second's step, rather than another compiled): in both frameworks' runners."""
     from converter.models.common import steps_flax
 
     flax_steps, jitted = [], steps_flax.step

@@ -30,9 +30,9 @@ the parts a model has.
 
 Running. The chunk runners (models/common/steps_flax.py, steps_torch.py) run a part as chunks of frames, one compiled
 step per chunk shape with the causal cache passed in and out explicitly (`run_chunks`, `run_clip`), or whole in one
-step (`run_image`: a sample without a frame axis). A step returns its cache only where a later chunk needs it
-(`keeps_cache`). Extra decode inputs (a timestep, noise maps) are keyword arguments named as diffusers names them,
-taken by `decode` and handed to the decoder of every chunk and tile.
+step (`run_image`: a sample without a frame axis). A step returns its cache only where its part runs in more than
+one chunk (`keeps_cache`). Extra decode inputs (a timestep, noise maps) are keyword arguments named as diffusers
+names them, taken by `decode` and handed to the decoder of every chunk and tile.
 
 Tiling. `enable_tiling(**settings)` / `disable_tiling()` with diffusers' keywords (`TilingMixin`, models/common/
 tiling.py): the model's `tiling_class` is its settings dataclass, whose `plans(config)` gives each part's `TilePlan`
@@ -184,14 +184,11 @@ def signature_problems(implementation: type, protocol: type) -> list[str]:
     return problems
 
 
-def keeps_cache(bounds: list[tuple[int, int]], index: int) -> bool:
-    """Whether the step of chunk `index` of `bounds` (frames [start, end)) returns its cache: where a later chunk
-    takes it, or where the same step (a later chunk of the same length) is compiled with it already. The rest, such
-    as an image's one chunk, return None: Qwen-Image's cache of one 1024x1024 frame is 9.9 GB, written for nothing."""
-    if index < len(bounds) - 1:
-        return True
-    length = bounds[index][1] - bounds[index][0]
-    return any(end - start == length for start, end in bounds[1:index])
+def keeps_cache(bounds: list[tuple[int, int]]) -> bool:
+    """Whether the steps of a part run in chunks of frames `bounds` return their cache: where there is more than one
+    chunk. A part in one chunk (an image's one frame) returns None: Qwen-Image's cache of one 1024x1024 frame is 9.9
+    GB, written for nothing. A clip's last chunk keeps it: it is the steady chunks' step, compiled once for all."""
+    return len(bounds) > 1
 
 
 def encoded(output) -> tuple:

@@ -50,8 +50,8 @@ def run_chunks(model: nnx.Module, part: str, x, bounds: list[tuple[int, int]] | 
         outs, cache, given = [], None, inputs(x) if callable(inputs) else inputs or {}
         if bounds is None:  # an image: no frames, one step
             return _fitting(model, part, step, mesh, placed, x, None, given, False)[0]
-        for index, (start, end) in enumerate(bounds):
-            keep = keeps_cache(bounds, index)
+        keep = keeps_cache(bounds)
+        for start, end in bounds:
             out, cache = _fitting(model, part, step, mesh, placed, x[:, start:end], cache, given, keep)
             outs.append(out)
         return jnp.concatenate(outs, axis=1)

@@ -39,8 +39,9 @@ class ChunkedAutoencoder(TilingMixin, nn.Module):
             outs, cache, given = [], None, inputs(x) if callable(inputs) else inputs or {}
             if bounds is None:  # an image: no frames, one step
                 return step(part, x, None, given, False)[0]
-            for index, (start, end) in enumerate(bounds):
-                out, cache = step(part, x[:, :, start:end], cache, given, keeps_cache(bounds, index))
+            keep = keeps_cache(bounds)
+            for start, end in bounds:
+                out, cache = step(part, x[:, :, start:end], cache, given, keep)
                 outs.append(out)
             return torch.cat(outs, dim=2)
 
