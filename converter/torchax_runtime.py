@@ -13,6 +13,7 @@ The runtime lowers some ops as the Flax models compute them:
   (models/common/conv.py): on CPU the route the Flax models take for the layer's shape (Winograd's F(2, 3), one 2D
   convolution per time tap, or one batched matrix product over the window's taps). The models pad and cache
   channels-last around them, so XLA's transposes cancel;
+- sin (`aten.sin`, Snake's) as models/common/sine.py computes it, which XLA:CPU vectorises;
 - SiLU and sums of activations (`aten.silu`, `aten.add.Tensor` on tensors of one shape) channels-last, so that what
   XLA materialises between the convolutions is laid out as they read it;
 - attention with no mask (`F.scaled_dot_product_attention`) in blocks with a running softmax, as the Flax models
@@ -206,8 +207,10 @@ def torchax_env():
 
     env.override_op_definition(torch.ops.vae_convert.frame_causal_attention.default, _frame_causal_attention)
     from converter.models.common.precision import in_float32
+    from converter.models.common.sine import sin
 
     for op, jax_op in (
+        (torch.ops.aten.sin.default, sin),
         (torch.ops.aten.silu.default, in_float32(jaten._aten_silu)),
         (torch.ops.aten.add.Tensor, jaten._aten_add),
     ):

@@ -15,6 +15,7 @@ from flax import nnx
 from ..common.inputs import expect_spectrogram
 from ..common.layers_flax import Buffer, Conv
 from ..common.precision import plus_bias
+from ..common.sine import sin
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import LTX2VocoderConfig, LTX2VocoderWithBWEConfig
@@ -126,7 +127,7 @@ class SnakeBeta(nnx.Module):
     def __call__(self, x):
         alpha = jnp.exp(self.alpha[...]).astype(x.dtype)
         amplitude = jnp.exp(self.beta[...]).astype(x.dtype) if self.beta is not None else alpha
-        return x + (1.0 / (amplitude + 1e-9)) * jnp.sin(x * alpha) ** 2
+        return x + (1.0 / (amplitude + 1e-9)) * sin(x * alpha) ** 2
 
 
 class LeakyReLU(nnx.Module):

@@ -18,6 +18,7 @@ from flax import nnx
 from ..common.attention import blocked_attention
 from ..common.inputs import expect_sequence
 from ..common.layers_flax import Buffer, Linear
+from ..common.sine import sin
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from ..ltx2vocoder.modeling_flax import DIMENSIONS, AntiAliasAct1d, SnakeBeta, conv1d
@@ -80,7 +81,7 @@ class MiniMaxH3AudioSnake1d(nnx.Module):
 
     def __call__(self, x):
         alpha = self.alpha[...].astype(x.dtype)
-        return x + (1.0 / (alpha + 1e-9)) * jnp.sin(alpha * x) ** 2
+        return x + (1.0 / (alpha + 1e-9)) * sin(alpha * x) ** 2
 
 
 def antialiased_snake_beta(channels, param_dtype):
