@@ -9,7 +9,7 @@ still has them). torchax only uses them as dictionary keys for dtype policies an
 The runtime lowers some ops as the Flax models compute them:
 - GroupNorm (`aten.native_group_norm`) as one JAX function, channels-last (models/common/group_norm.py), statistics
   in float32;
-- 2D and 3D convolutions (`aten.convolution` on 4-D and 5-D inputs) channels-last through `cpu_conv`
+- 1D, 2D and 3D convolutions (`aten.convolution` on 3-D to 5-D inputs) channels-last through `cpu_conv`
   (models/common/conv.py): on CPU the route the Flax models take for the layer's shape (Winograd's F(2, 3), one 2D
   convolution per time tap, or one batched matrix product over the window's taps). The models pad and cache
   channels-last around them, so XLA's transposes cancel;
@@ -127,9 +127,9 @@ def kernel_order(ndim: int) -> tuple[int, ...]:
 
 
 def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """aten.convolution in JAX: a 2D or 3D convolution channels-last through `cpu_conv`, as the Flax models run it,
-    anything else as torchax lowers it; either accumulating in float32 with its bias added there and rounded once,
-    as PyTorch's own convolutions and the Flax models' (models/common/layers_flax.py, Conv) are."""
+    """aten.convolution in JAX: a 1D, 2D or 3D convolution channels-last through `cpu_conv`, as the Flax models run
+    it, anything else as torchax lowers it; either accumulating in float32 with its bias added there and rounded
+    once, as PyTorch's own convolutions and the Flax models' (models/common/layers_flax.py, Conv) are."""
     import jax.numpy as jnp
     from jax import lax
     from torchax.ops import jaten
@@ -137,13 +137,13 @@ def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, out
     from converter.models.common.conv import cpu_conv
     from converter.models.common.precision import plus_bias
 
-    if transposed or x.ndim not in (4, 5):
+    if transposed or x.ndim not in (3, 4, 5):
         wide = (None if a is None else a.astype(jnp.float32) for a in (x, weight, bias))
         return jaten._aten_convolution(*wide, stride, padding, dilation, transposed, output_padding, groups).astype(
             jnp.result_type(x, weight)
         )
     to_last, to_first = _channels_last(x.ndim)
-    layout = "NDHWC" if x.ndim == 5 else "NHWC"
+    layout = {3: "NWC", 4: "NHWC", 5: "NDHWC"}[x.ndim]
     y = cpu_conv(
         x.transpose(to_last),
         weight.transpose(kernel_order(weight.ndim)),
@@ -236,7 +236,7 @@ class TorchaxVAE:
     constants), with the causal cache flowing through it explicitly.
 
     The model itself is left as it is, where it is: the wrapper holds its own copy of the parameters on JAX, with
-    each 2D and 3D convolution's kernel stored ([kT,] kH, kW, C, O), the order XLA's convolutions and matrix
+    each convolution's kernel stored ([kT,] [kH,] kW, C, O), the order XLA's convolutions and matrix
     products read. Inside a step the kernel is seen as PyTorch's (O, C, [kT,] kH, kW) again, and the convolution's
     lowering turns it back, so XLA sees the stored kernel itself instead of copying a transposed one on every call
     (the copy cost more than the convolutions on CPU). A linear layer's weight is stored (in, out) the same way: a
@@ -248,7 +248,7 @@ class TorchaxVAE:
         self.model, self.config = model, model.config
         # the output's dtype: its weights' narrowest (modules kept in float32 aside)
         self.dtype = min({p.dtype for p in model.parameters()}, key=lambda d: d.itemsize)
-        stored_transposed = (nn.Conv2d, nn.Conv3d, nn.Linear)
+        stored_transposed = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
         self.kernels = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, stored_transposed)}
         self.params = {  # copied onto JAX as `model.to("jax")` copies (a permuted kernel is laid out anew first)
             name: self.torchax_env.t2j_copy(

@@ -45,15 +45,27 @@ def test_torchax_imports_with_placeholders_for_exactly_the_missing_overloads():
         (lambda: torch.nn.Conv3d(8, 6, 3, padding=1, groups=2), (1, 8, 4, 5, 5), "3d"),
         (lambda: torch.nn.Conv2d(8, 6, 3, stride=2), (2, 8, 9, 9), "2d"),
         (lambda: torch.nn.Conv2d(8, 6, 3, padding=1), (2, 8, 9, 9), "winograd"),
+        (lambda: torch.nn.Conv1d(8, 6, 7, padding=9, dilation=3), (2, 8, 40), "1d"),  # a vocoder's
     ],
-    ids=["winograd", "taps", "matmul", "matmul-strided", "time-stride", "pointwise", "groups", "2d", "2d-winograd"],
+    ids=[
+        "winograd",
+        "taps",
+        "matmul",
+        "matmul-strided",
+        "time-stride",
+        "pointwise",
+        "groups",
+        "2d",
+        "2d-winograd",
+        "1d",
+    ],  # fmt: skip
 )
 def test_convolutions_lower_as_the_flax_models_do(conv, shape, lowered):
     """aten.convolution under the runtime equals PyTorch's. On CPU (as in models/common/conv.py) a float32 3x3 conv
     at stride 1 padded by one, with enough output positions, is Winograd's F(2, 3) along the height (4 2D convs); a
     3D conv with a time kernel and no time padding or stride is otherwise one 2D conv per tap, or one batched matrix
     product over its taps when it has fewer output positions than output channels; the others stay as torchax lowers
-    them."""
+    them; a 1D conv runs channels-last, as the Flax vocoders run theirs."""
     import jax
     import jax.numpy as jnp
 
@@ -85,7 +97,11 @@ def test_convolutions_lower_as_the_flax_models_do(conv, shape, lowered):
         "matmul": ([], 1),
         "3d": ([5], 0),
         "2d": ([4], 0),
+        "1d": ([3], 0),
     }[lowered]
+    if lowered == "1d":  # (N, W, C): the channels last
+        (conv_eqn,) = [e for e in eqns if e.primitive.name == "conv_general_dilated"]
+        assert conv_eqn.params["dimension_numbers"].lhs_spec == (0, 2, 1)
 
 
 @pytest.mark.parametrize(
