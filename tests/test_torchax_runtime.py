@@ -58,7 +58,7 @@ def test_torchax_imports_with_placeholders_for_exactly_the_missing_overloads():
         "2d",
         "2d-winograd",
         "1d",
-    ],  # fmt: skip
+    ],
 )
 def test_convolutions_lower_as_the_flax_models_do(conv, shape, lowered):
     """aten.convolution under the runtime equals PyTorch's. On CPU (as in models/common/conv.py) a float32 3x3 conv
