@@ -237,7 +237,7 @@ class TorchaxVAE:
 
     The model itself is left as it is, where it is: the wrapper holds its own copy of the parameters on JAX, with
     each convolution's kernel stored ([kT,] [kH,] kW, C, O), the order XLA's convolutions and matrix
-    products read. Inside a step the kernel is seen as PyTorch's (O, C, [kT,] kH, kW) again, and the convolution's
+    products read. Inside a step the kernel is seen as PyTorch's (O, C, [kT,] [kH,] kW) again, and the convolution's
     lowering turns it back, so XLA sees the stored kernel itself instead of copying a transposed one on every call
     (the copy cost more than the convolutions on CPU). A linear layer's weight is stored (in, out) the same way: a
     product contracting PyTorch's (out, in) weight on its last axis runs several times slower in XLA:CPU's kernels

@@ -5,7 +5,7 @@ XLA:CPU computes sin one element at a time (about 4 ns an element on a 2-core EP
 Snake most of an anti-aliased activation's time (docs/performance.md, Design decisions). Here x is reduced by
 multiples of π, π held in three parts (Cody and Waite) so that k·π's first two are exact for |k| < 2^13, then sin's
 Taylor polynomial to x^11 on [-π/2, π/2] (truncation below 6e-8), its sign bit flipped where k is odd: elementwise
-arithmetic that XLA vectorises (with a floor for k's parity it ran at a third of the speed). Within a few float32
+arithmetic that XLA vectorises (with a floor for k's parity it ran 9x slower). Within a few float32
 ulps of sin for |x| < 2.5e4, far beyond what Snake's αx reaches; computed in float32 and rounded once, as PyTorch
 computes sin on a low-precision tensor. Other backends keep XLA's sin."""
 
