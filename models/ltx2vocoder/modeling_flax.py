@@ -217,7 +217,8 @@ class LTX2Vocoder(TilingMixin, nnx.Module):
             if config.act_fn == "leaky_relu":
                 x = jax.nn.leaky_relu(x, config.leaky_relu_negative_slope)
             x = upsampler(x)
-            x = sum(resnet(x) for resnet in self.resnets[i * per_level : (i + 1) * per_level]) / per_level
+            # jnp.mean sums low-precision outputs in float32 and rounds once, as diffusers' torch.mean does
+            x = jnp.stack([resnet(x) for resnet in self.resnets[i * per_level : (i + 1) * per_level]]).mean(0)
         x = self.conv_out(self.act_out(x))
         if config.final_act_fn == "tanh":
             return jnp.tanh(x)
