@@ -14,15 +14,23 @@ def pad_edges(x, pads):
     last = x.permute(0, 2, 3, 4, 1)
     for axis, (before, after) in enumerate(pads, start=1):
         if before or after:
-            last = torch.cat([_edge(last, axis, 0, before), last, _edge(last, axis, -1, after)], dim=axis)
+            last = torch.cat([edge_copies(last, axis, 0, before), last, edge_copies(last, axis, -1, after)], dim=axis)
     return last.permute(0, 4, 1, 2, 3)
 
 
-def _edge(x, axis, index, copies):
+def edge_copies(x, axis, index, copies):
     """`copies` of x's slice `index` (0 or -1) along `axis`, broadcast as jnp.pad's edge mode does: sliced once per
     copy instead, XLA fuses the activation before the padding (a SiLU) into the concatenation and recomputes it."""
     edge = x.narrow(axis, index % x.shape[axis], 1)
     return edge.expand(*x.shape[:axis], copies, *x.shape[axis + 1 :])
+
+
+def channels_last_1d(x, call):
+    """`call` (B, L, C) -> (B, L', C) on x (B, C, L), as (B, C, L'): a chain of elementwise work and filters along L
+    (an anti-aliased activation) computed channels-last, the layout the 1D convolutions around it read and write
+    under torchax (converter/torchax_runtime.py). There XLA cancels the transposes against the convolutions' own and
+    materialises each filtered signal as the next reads it; computed channels-first, each was read transposed."""
+    return call(x.transpose(1, 2)).transpose(1, 2)
 
 
 ATTENTION_BLOCK = 1024  # queries a step of the frame-causal attention scores at once (as models/common/attention.py)

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_spectrogram
+from ..common.layers_torch import channels_last_1d, edge_copies
 from ..common.outputs import DecoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import LTX2VocoderConfig, LTX2VocoderWithBWEConfig
@@ -19,29 +20,34 @@ from .filters import hann_resampler
 
 
 def fir(x, taps, stride: int = 1):
-    """Every channel of x (B, C, L) through one filter `taps` (K,), as a depthwise Conv1d (a correlation, no
+    """Every channel of x (B, L, C) through one filter `taps` (K,), as a depthwise Conv1d (a correlation, no
     padding) with `stride`: K strided slices of x weighted and summed, which XLA fuses into one pass over x (as a
     convolution grouped by channel it ran 7x slower than PyTorch on CPU)."""
     k = taps.shape[0]
-    end = (x.shape[-1] - k) // stride * stride + 1
+    end = (x.shape[1] - k) // stride * stride + 1
     wide = x.to(torch.float32) if x.dtype.itemsize < 4 else x  # summed in float32 and rounded once, as a convolution
     taps = taps.to(wide.dtype)
-    return sum(taps[i] * wide[..., i : i + end : stride] for i in range(k)).to(x.dtype)
+    return sum(taps[i] * wide[:, i : i + end : stride] for i in range(k)).to(x.dtype)
 
 
 def transposed_fir(x, taps, ratio: int):
-    """A depthwise ConvTranspose1d of x (B, C, L) with `taps` (K,) and stride `ratio`, (L - 1) x ratio + K samples:
+    """A depthwise ConvTranspose1d of x (B, L, C) with `taps` (K,) and stride `ratio`, (L - 1) x ratio + K samples:
     each of the `ratio` phases a full convolution of x with every `ratio`-th tap, interleaved."""
-    (batch, channels, length), k = x.shape, taps.shape[0]
+    (batch, length, channels), k = x.shape, taps.shape[0]
     per_phase = -(-k // ratio)
     taps = F.pad(taps, (0, per_phase * ratio - k))
-    x = F.pad(x, (per_phase - 1, per_phase - 1))
-    phases = torch.stack([fir(x, taps[p::ratio].flip(0)) for p in range(ratio)], dim=-1)
-    return phases.reshape(batch, channels, -1)[..., : (length - 1) * ratio + k]
+    x = F.pad(x, (0, 0, per_phase - 1, per_phase - 1))
+    phases = torch.stack([fir(x, taps[p::ratio].flip(0)) for p in range(ratio)], dim=2)
+    return phases.reshape(batch, -1, channels)[:, : (length - 1) * ratio + k]
+
+
+def replicate(x, left: int, right: int):
+    """x (B, L, C) with its first sample repeated `left` times before it and its last `right` times after."""
+    return torch.cat([edge_copies(x, 1, 0, left), x, edge_copies(x, 1, -1, right)], dim=1)
 
 
 class DownSample1d(nn.Module):
-    """Low-pass filter then keep every `ratio`-th sample; the filter is a stored buffer."""
+    """Low-pass filter then keep every `ratio`-th sample of x (B, L, C); the filter is a stored buffer."""
 
     def __init__(self, ratio: int, kernel_size: int):
         super().__init__()
@@ -49,13 +55,13 @@ class DownSample1d(nn.Module):
         self.register_buffer("filter", torch.zeros(1, 1, kernel_size))
 
     def forward(self, x):
-        return fir(F.pad(x, self.pad, mode="replicate"), self.filter[0, 0].to(x.dtype), self.ratio)
+        return fir(replicate(x, *self.pad), self.filter[0, 0].to(x.dtype), self.ratio)
 
 
 class UpSample1d(nn.Module):
-    """Zero-stuffing by `ratio` through a low-pass filter (a depthwise transposed convolution), edges replicated
-    first and cropped after: the anti-aliased activations' (a stored Kaiser filter) or the resampler's (a computed
-    Hann filter, `hann=True`, not a checkpoint buffer)."""
+    """Zero-stuffing of x (B, L, C) by `ratio` through a low-pass filter (a depthwise transposed convolution), edges
+    replicated first and cropped after: the anti-aliased activations' (a stored Kaiser filter) or the resampler's (a
+    computed Hann filter, `hann=True`, not a checkpoint buffer)."""
 
     def __init__(self, ratio: int, kernel_size: int = 12, hann: bool = False):
         super().__init__()
@@ -71,10 +77,8 @@ class UpSample1d(nn.Module):
         self.crop = (left, right)
 
     def forward(self, x):
-        x = self.ratio * transposed_fir(
-            F.pad(x, (self.pad, self.pad), mode="replicate"), self.filter[0, 0].to(x.dtype), self.ratio
-        )
-        return x[..., self.crop[0] : x.shape[-1] - self.crop[1]]
+        x = self.ratio * transposed_fir(replicate(x, self.pad, self.pad), self.filter[0, 0].to(x.dtype), self.ratio)
+        return x[:, self.crop[0] : x.shape[1] - self.crop[1]]
 
 
 class SnakeBeta(nn.Module):
@@ -85,14 +89,17 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels)) if use_beta else None
 
-    def forward(self, x):
-        alpha = torch.exp(self.alpha)[:, None]
-        amplitude = torch.exp(self.beta)[:, None] if self.beta is not None else alpha
+    def forward(self, x, channel_dim: int = 1):
+        shape = [1] * x.ndim
+        shape[channel_dim] = -1
+        alpha = torch.exp(self.alpha).view(shape)
+        amplitude = torch.exp(self.beta).view(shape) if self.beta is not None else alpha
         return x + (1.0 / (amplitude + 1e-9)) * torch.sin(x * alpha).pow(2)
 
 
 class AntiAliasAct1d(nn.Module):
-    """An activation at twice the rate: upsampled, activated, low-passed back down."""
+    """An activation at twice the rate: upsampled, activated, low-passed back down, with the channel axis last
+    (channels_last_1d)."""
 
     def __init__(self, act: nn.Module, ratio: int, kernel_size: int):
         super().__init__()
@@ -101,7 +108,7 @@ class AntiAliasAct1d(nn.Module):
         self.downsample = DownSample1d(ratio, kernel_size)
 
     def forward(self, x):
-        return self.downsample(self.act(self.upsample(x)))
+        return channels_last_1d(x, lambda last: self.downsample(self.act(self.upsample(last), channel_dim=-1)))
 
 
 def activation(config: LTX2VocoderConfig, channels: int, use_beta: bool) -> nn.Module:
@@ -246,7 +253,8 @@ class LTX2VocoderWithBWE(ChunkedAutoencoder):
         batch, channels, samples = x.shape
         x = F.pad(x, (0, -samples % self.config.hop_length))  # whole mel frames
         mel = self.mel_stft(x.flatten(0, 1)).unflatten(0, (batch, channels))  # (B, C, mel bins, frames)
-        waveform = torch.clamp(self.bwe_generator.generate(mel.flatten(1, 2)) + self.resampler(x), -1, 1)
+        skip = channels_last_1d(x, self.resampler)
+        waveform = torch.clamp(self.bwe_generator.generate(mel.flatten(1, 2)) + skip, -1, 1)
         return waveform[..., : samples * self.config.resample_ratio], None
 
     def decode(self, mel: torch.Tensor, *, step=None) -> DecoderOutput:

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_sequence
-from ..common.layers_torch import frame_causal_attention
+from ..common.layers_torch import channels_last_1d, frame_causal_attention
 from ..common.outputs import DecoderOutput, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from ..ltx2vocoder.modeling_torch import DownSample1d, SnakeBeta, UpSample1d
@@ -70,7 +70,8 @@ class MiniMaxH3AudioSnake1d(nn.Module):
         self.alpha = nn.Parameter(torch.ones(1, channels, 1))
 
     def forward(self, x):
-        return x + (self.alpha + 1e-9).reciprocal() * torch.sin(self.alpha * x).pow(2)
+        alpha = self.alpha.transpose(1, 2)  # computed channels-last, between 1D convolutions (channels_last_1d)
+        return channels_last_1d(x, lambda last: last + (alpha + 1e-9).reciprocal() * torch.sin(alpha * last).pow(2))
 
 
 class MiniMaxH3AudioDownSample1d(nn.Module):
@@ -85,7 +86,8 @@ class MiniMaxH3AudioDownSample1d(nn.Module):
 
 
 class MiniMaxH3AudioActivation1d(nn.Module):
-    """SnakeBeta at twice the rate: upsampled, activated, low-passed back down."""
+    """SnakeBeta at twice the rate: upsampled, activated, low-passed back down, with the channel axis last
+    (channels_last_1d)."""
 
     def __init__(self, channels: int):
         super().__init__()
@@ -94,7 +96,7 @@ class MiniMaxH3AudioActivation1d(nn.Module):
         self.downsample = MiniMaxH3AudioDownSample1d(ANTIALIAS_RATIO, ANTIALIAS_KERNEL)
 
     def forward(self, x):
-        return self.downsample(self.act(self.upsample(x)))
+        return channels_last_1d(x, lambda last: self.downsample(self.act(self.upsample(last), channel_dim=-1)))
 
 
 class MiniMaxH3AudioResidualUnit(nn.Module):
