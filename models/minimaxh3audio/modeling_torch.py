@@ -15,7 +15,7 @@ from ..common.inputs import expect_sequence
 from ..common.layers_torch import channels_last_1d, frame_causal_attention
 from ..common.outputs import DecoderOutput, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
-from ..ltx2vocoder.modeling_torch import DownSample1d, SnakeBeta, UpSample1d
+from ..ltx2vocoder.modeling_torch import AntiAliasAct1d, DownSample1d, SnakeBeta
 from .config import AutoencoderKLMiniMaxH3AudioConfig, adaptive_pool_matrix
 
 ANTIALIAS_RATIO, ANTIALIAS_KERNEL = 2, 12  # diffusers' Activation1d defaults, which the released model uses
@@ -85,18 +85,13 @@ class MiniMaxH3AudioDownSample1d(nn.Module):
         return self.lowpass(x)
 
 
-class MiniMaxH3AudioActivation1d(nn.Module):
-    """SnakeBeta at twice the rate: upsampled, activated, low-passed back down, with the channel axis last
-    (channels_last_1d)."""
+class MiniMaxH3AudioActivation1d(AntiAliasAct1d):
+    """LTX-2's anti-aliased SnakeBeta at diffusers' Activation1d defaults, its downsampler's filter nested under
+    `lowpass` as diffusers names it."""
 
     def __init__(self, channels: int):
-        super().__init__()
-        self.act = SnakeBeta(channels)
-        self.upsample = UpSample1d(ANTIALIAS_RATIO, ANTIALIAS_KERNEL)
+        super().__init__(SnakeBeta(channels), ANTIALIAS_RATIO, ANTIALIAS_KERNEL)
         self.downsample = MiniMaxH3AudioDownSample1d(ANTIALIAS_RATIO, ANTIALIAS_KERNEL)
-
-    def forward(self, x):
-        return channels_last_1d(x, lambda last: self.downsample(self.act(self.upsample(last), channel_dim=-1)))
 
 
 class MiniMaxH3AudioResidualUnit(nn.Module):
