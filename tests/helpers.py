@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import unittest.mock
 from pathlib import Path
 
 import pytest
@@ -133,14 +134,14 @@ def family_params(cases: dict, fast=lambda family, which: which == "default-arch
     """The keys of `cases` (family_cases) as pytest params: each marked with its family (`make test-family`, and its
     own work unit on the test workers, conftest.py) and, where `fast(family, which)` is false, slow (`make test-fast`
     leaves it out). By default each family's default architecture is fast: its parity is the fast tier's core."""
-    return [
-        pytest.param(
-            key,
-            id=key,
-            marks=[pytest.mark.family(family.name, case=key)] + [pytest.mark.slow] * (not fast(family, which)),
-        )
-        for key, (family, which, _) in cases.items()
-    ]
+    return [family_param(family, key, slow=not fast(family, which)) for key, (family, which, _) in cases.items()]
+
+
+def family_param(family: FamilySpec, key: str, *values, slow: bool, id: str | None = None):
+    """One case of `family` (`key`: its family_cases key, then any further values of the test's parameters) as a
+    pytest param, marked as family_params marks it."""
+    marks = [pytest.mark.family(family.name, case=key)] + [pytest.mark.slow] * slow
+    return pytest.param(key, *values, id=id or key, marks=marks)
 
 
 def first_family_only(family: FamilySpec, which: str) -> bool:
@@ -161,13 +162,18 @@ def per_family(fast=lambda family: True) -> list:
     ]
 
 
-def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) -> torch.nn.Module:
+def save_diffusers(
+    family: FamilySpec, path: Path, config: dict, seed: int = 0, default_init: bool = True
+) -> torch.nn.Module:
     """A diffusers VAE of `family` with every parameter perturbed (norms and biases too, so a mapping that misplaces
-    them shows), saved with diffusers' own `save_pretrained`."""
+    them shows), saved with diffusers' own `save_pretrained`. Without `default_init` the convolutions and linear
+    layers start from zeros rather than PyTorch's uniform draws, which take most of a full-size model's making
+    (Wan 2.2's: 10.5 s of 28): the perturbation alone makes their weights, at about the same scale at full widths."""
     from converter.random_checkpoint import keep_inside_the_clamp
 
     torch.manual_seed(seed)
-    model = family.diffusers_class()(**config).eval()
+    with contextlib.nullcontext() if default_init else _zero_layer_init():
+        model = family.diffusers_class()(**config).eval()
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -181,6 +187,20 @@ def save_diffusers(family: FamilySpec, path: Path, config: dict, seed: int = 0) 
         keep_inside_the_clamp(model, family)
     model.save_pretrained(path)
     return model
+
+
+@contextlib.contextmanager
+def _zero_layer_init():
+    """PyTorch's layers initialised to zeros (their reset_parameters' draws: torch.nn.init's uniform ones)."""
+
+    def zeros(tensor, *args, **kwargs):
+        with torch.no_grad():
+            return tensor.zero_()
+
+    with contextlib.ExitStack() as stack:
+        for name in ("kaiming_uniform_", "uniform_"):
+            stack.enter_context(unittest.mock.patch.object(torch.nn.init, name, zeros))
+        yield
 
 
 @dataclasses.dataclass(frozen=True)

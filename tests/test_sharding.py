@@ -1,8 +1,9 @@
-"""Decode and encode on a ("dp", "tp") mesh of 8 simulated CPU devices, width sharded over "tp": parameters are
-restored straight onto the mesh, and the results equal the unsharded ones within 1e-5 (relative to the output's
-scale), for meshes (1, 8) and (2, 4), made with Auto axes (`Mesh(devices, names)`) and with Explicit ones (what
-`jax.make_mesh` gives by default). A batch that "dp" does not divide is one clear ValueError. The causal cache a step
-returns is split over the mesh as the activations are."""
+"""Decode and encode on a ("dp", "tp") mesh of 8 simulated CPU devices, width sharded over "tp": parameters are restored
+straight onto the mesh, and the results equal the unsharded ones within 1e-5 (relative to the output's scale), on the
+meshes each family's test data names: (1, 8) and (2, 4), made with Auto axes (`Mesh(devices, names)`) and with Explicit
+ones (what `jax.make_mesh` gives by default); Wan's cases meet both shapes and both axis types, a family whose
+layers split as Wan's do names one mesh. A batch that "dp" does not divide is one clear ValueError. The causal cache a
+step returns is split over the mesh as the activations are."""
 
 import json
 

@@ -35,7 +35,8 @@ TESTING = FamilyTesting(
             decode_steps=1,
         ),
     },
-    meshes={"default-arch": ((1, 8, "explicit"), (2, 4, "auto"))},
+    # one mesh: the axis types and the (1, 8) split are Wan's cases (the shared code); CogVideoX's own halos show here
+    meshes={"default-arch": ((2, 4, "auto"),)},
     export=("default-arch",),
     # SAT's 3d-vae.pt nests the model under "state_dict", beside the training discriminator's tensors
     original_files={

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..common.testing import SMALL_TILES, FamilyTesting, TilingCase
+from ..common.testing import FamilyTesting
 
 # Qwen-Image-Layered's 4 channels (RGBA), 3 levels (attention in the encoder's down blocks, `attn_scales`, fails in
 # diffusers' own encoder: its attention block takes no cache arguments)
@@ -24,15 +24,9 @@ TESTING = FamilyTesting(
     },
     # single images (T = 1) and short clips
     parity_frames=((1, 2, 3), (1, 5)),
-    tiling={
-        "default-arch": TilingCase(
-            SMALL_TILES,
-            latent=(1, 7, 7),
-            video=(1, 56, 56),
-            decode_steps=1,
-        ),
-    },
-    # meshes and full size: Wan 2.1's code and size, which its own cases cover (the CI time goes to what differs)
+    # tiling, meshes and full size: Wan 2.1's code and size, which its own cases cover (the CI time goes to what
+    # differs)
+    tiling={},
     meshes={},
     export=("default-arch",),
     check_configs=(("qwenimage-variant", OTHER_CONFIG),),
