@@ -33,8 +33,8 @@ PYTEST := $(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --max-
 test: install
 	$(PYTEST) --junitxml=build/test-report.xml
 
-# the inner loop, under 5 minutes: every family's default-architecture parity on both targets, the protocol, every
-# module's basic behaviour; what costs more is marked slow where it is written
+# the inner loop, under 5 minutes: every family's default-architecture parity on both targets at its longest input,
+# the protocol, every module's basic behaviour; what costs more is marked slow where it is written
 test-fast: install
 	$(PYTEST) -m "not slow"
 
@@ -44,7 +44,8 @@ test-family: install
 
 # The lowest releases setup.cfg allows (constraints-floors.txt; torch: the CPU wheel, see that file), on the fast tier
 # of the tests that cover each family and target, load, export and the mappings: every registered family's
-# default-architecture parity on both targets (the other configs call the same library functions in other arrangements)
+# default-architecture parity on both targets at its longest input, which runs every step of the decode and encode
+# (the other inputs and configs call the same library functions in other arrangements)
 FLOOR_TESTS := tests/test_parity.py tests/test_model_api.py tests/test_export.py tests/test_published_configs.py
 $(FLOORS)/.installed: setup.cfg setup.py constraints-floors.txt
 	$(PYTHON) -m venv $(FLOORS)
