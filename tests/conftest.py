@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-# The tests compile hundreds of small models once each: XLA's CPU backend compiles them without LLVM's optimisations,
-# which take most of a small model's compile time (a parity case: 13 s -> 8 s) and change no result beyond rounding.
-# Set before JAX is imported, here and in every process a test starts (they inherit the environment).
-TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+# The tests compile hundreds of small models once each, and compiling is most of a case's time: XLA's CPU backend
+# compiles them without LLVM's optimisations (a parity case: 13 s -> 8 s) and with its older fusion emitters, not the
+# MLIR ones, which take longer to emit the same loops (a CogVideoX decode step: 2.3 s -> 1.7 s to compile). Results
+# change only by rounding. Set before JAX is imported, here and in every process a test starts (they inherit it).
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 
 # the helpers' asserts (what a folder holds, an exit code) report their values, as the tests' own do

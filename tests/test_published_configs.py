@@ -13,7 +13,7 @@ import pytest
 
 from converter.registry import MODELS, config_from_dict
 from converter.targets import meta_torch
-from tests.helpers import DATA, fails, run_cli
+from tests.helpers import DATA, fails, run_in_process
 
 CONFIGS = DATA / "configs"
 CONFIG_FILES = sorted(CONFIGS.glob("*.json"))
@@ -68,6 +68,7 @@ def test_a_config_of_a_class_not_converted_is_refused_by_name(wan_small, tmp_pat
         3,
         "config.json is for AutoencoderKLMochi, not AutoencoderKLWan",
         out=tmp_path / "out",
+        in_process=True,
     )
 
 
@@ -77,7 +78,8 @@ def test_published_config_plans_under_its_model_name(config_file, tmp_path):
     raw = json.loads(config_file.read_text())
     for target in ("flax", "torchax"):
         out = tmp_path / target
-        result = run_cli(_model_of(config_file), "--source", source, "--to", target, "--out", out, "--dry-run")
+        # a plan needs no process of its own: in this one (helpers.run_in_process)
+        result = run_in_process(_model_of(config_file), "--source", source, "--to", target, "--out", out, "--dry-run")
         assert "plan:" in result.stdout and "every key mapped" in result.stdout, result.stdout
         assert not out.exists()
         # keys the pinned diffusers no longer takes are said, and only those
@@ -93,4 +95,5 @@ def test_a_wan22_checkpoint_named_as_wan21_is_refused(tmp_path):
         "is a Wan 2.2 VAE, but wan2.1 names a Wan 2.1 VAE",
         "vae-convert wan2.2",
         out=tmp_path / "out",
+        in_process=True,
     )

@@ -54,6 +54,7 @@ TESTING = FamilyTesting(
     },
     meshes={"default-arch": ((2, 4, "explicit"),)},  # one mesh, as CogVideoX's
     export=("default-arch", "sd3-layout"),
+    full_size_left_to_first=("SD3/Flux.1 VAE",),  # SD 1.5's code less the 1x1 convolutions around the latent
     check_configs=(
         # a quant_conv without its post_quant_conv, 8 latent channels, widths 8, 8, 16
         (

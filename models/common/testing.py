@@ -71,3 +71,6 @@ class FamilyTesting:
     decode_steps: int = 2
     # whether the suite converts its first model at full size (test_full_size.py); the benchmark always does
     full_size: bool = True
+    # variants (the config's `variant`) whose full-size run the suite leaves to the family's first: their layout is
+    # compared with diffusers at small widths, and their published configs plan every key (test_published_configs)
+    full_size_left_to_first: tuple[str, ...] = ()
