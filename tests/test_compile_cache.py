@@ -34,9 +34,7 @@ vae.decode(np.zeros((1, 2, 4, 4, 4), np.float32))
 
 
 def _decode_in_new_process(out, cache):
-    env = environment_without_compile_cache()
-    if cache:
-        env[COMPILE_CACHE_ENV] = str(cache)
+    env = {**environment_without_compile_cache(), COMPILE_CACHE_ENV: str(cache)}
     subprocess.run([sys.executable, "-c", DECODE, str(out)], cwd=REPO, env=env, check=True)
 
 
@@ -52,8 +50,6 @@ def test_second_process_hits_the_cache(wan_small, tmp_path, monkeypatch):
     run_cli("wan2.1", "--source", source, "--to", "flax", "--out", tmp_path / "out", "--no-preview")
     assert _entries(tmp_path / "conversions")
     cache = tmp_path / "cache"
-    _decode_in_new_process(tmp_path / "out", None)
-    assert not cache.exists()  # off by default
     _decode_in_new_process(tmp_path / "out", cache)
     first = _entries(cache)
     assert len(first) >= 2  # the first decode step (no history yet) and the steady step
@@ -206,12 +202,17 @@ def test_a_conversion_not_validated_needs_no_jax_once_the_cache_holds_its_leaves
     assert converter.load(tmp_path / "out").decode(np.zeros((1, 2, 4, 4, 4), np.float32)).shape[1] > 2
 
 
-def test_off_keeps_no_compiled_steps(tmp_path, monkeypatch):
-    """The word off says no cache, as for the structure cache: not a folder named off in the working directory."""
+@pytest.mark.parametrize("setting", [None, structure_cache.OFF], ids=["unset", "off"])
+def test_unset_or_off_keeps_no_compiled_steps(tmp_path, monkeypatch, setting):
+    """Off by default; the word off says no cache, as for the structure cache: not a folder named off in the working
+    directory."""
     import jax
 
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv(COMPILE_CACHE_ENV, structure_cache.OFF)
+    if setting is None:
+        monkeypatch.delenv(COMPILE_CACHE_ENV)
+    else:
+        monkeypatch.setenv(COMPILE_CACHE_ENV, setting)
     before = jax.config.jax_compilation_cache_dir
     assert not converter.enable_compile_cache()
     assert jax.config.jax_compilation_cache_dir == before and not any(tmp_path.iterdir())
