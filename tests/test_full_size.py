@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from converter.registry import first_of_each_variant, get_model
 from tests.helpers import PAIRINGS, REPO, manifest, save_diffusers
 
-pytestmark = pytest.mark.slow  # every test converts a model of 100-700 M parameters
+pytestmark = pytest.mark.slow  # every test converts a model at its released size (up to 419 M parameters)
 
 FULL_SIZE = {
     e.qualified: e.family
