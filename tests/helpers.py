@@ -67,8 +67,9 @@ def environment_without_compile_cache() -> dict:
 
 
 def run_in_process(*args, check=False, cwd=REPO) -> subprocess.CompletedProcess:
-    """The command line run in this process, as `vae-convert` runs it less its signal handlers: for error paths
-    that need no process of their own (no signal, no Hub, no crash), without starting Python, JAX and PyTorch anew."""
+    """The command line run in this process, as `vae-convert` runs it less its signal handlers, without starting
+    Python, JAX and PyTorch anew: for conversions whose files a test checks and error paths that need no process of
+    their own (no signal, no Hub, no crash)."""
     from click.testing import CliRunner
 
     from converter.cli import cli

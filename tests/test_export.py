@@ -126,14 +126,14 @@ def test_either_target_exports_bit_exact_and_to_a_lower_dtype_validated(wan_smal
     (each target to one of the two: the rounding is one piece of code)."""
     lower = {"flax": "bfloat16", "torchax": "float16"}
     for target, folder in wan_small_outputs.items():
-        run_cli("export", folder, "--out", tmp_path / target, "--no-validate")
+        run_in_process("export", folder, "--out", tmp_path / target, "--no-validate", check=True)
         flax_back = load_file(tmp_path / target / WEIGHTS)
         if target == "torchax":
             original = load_file(folder / WEIGHTS)
             assert flax_back.keys() == original.keys()
             assert all(flax_back[k].tobytes() == v.tobytes() for k, v in original.items())
         out = tmp_path / f"{target}-{lower[target]}"
-        run_cli("export", folder, "--out", out, "--dtype", lower[target])
+        run_in_process("export", folder, "--out", out, "--dtype", lower[target], check=True)
         assert manifest(out)["validation"]["ok"] and manifest(out)["dtype"] == lower[target]
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.helpers import family_cases, family_params, report_on_8_devices, run_cli, save_diffusers, small
+from tests.helpers import family_cases, family_params, report_on_8_devices, run_in_process, save_diffusers, small
 
 pytestmark = pytest.mark.slow  # every case compiles a model on 8 simulated devices, twice
 
@@ -87,7 +87,9 @@ def test_sharded_matches_unsharded(tmp_path, case):
     model, config = small(family, which)
     channels = family.validation_latent_shape(family.config_class.from_dict(config))[1]
     save_diffusers(family, tmp_path / "vae", config)
-    run_cli(model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate")
+    run_in_process(
+        model, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "out", "--no-validate", check=True
+    )
     # a short clip the encoder takes; 0 for an image model
     frames = 0 if not family.frame_axis else min(f for f in family.testing().parity_frames[1] if f > 1)
     report = report_on_8_devices(SCRIPT, tmp_path / "out", channels, frames, json.dumps(meshes))

@@ -50,7 +50,7 @@ def test_original_file_converts_as_its_diffusers_checkpoint(released, tmp_path, 
     fmt, model_name, config, original, diffusers_folder = released
     validate = () if FORMATS[fmt][1].validated_target == target else ("--no-validate",)
     args = ("--source", original, "--config", config, "--to", target, "--out", tmp_path / "o", *validate)
-    result = run_cli(model_name, *args)
+    result = run_in_process(model_name, *args, check=True)
     reference = ("--source", diffusers_folder, "--to", target, "--out", tmp_path / "d", "--no-validate")
     run_in_process(model_name, *reference, check=True)  # what to compare with, not what is tested
     assert_same_tensors(output_tensors(tmp_path / "o"), output_tensors(tmp_path / "d"))
