@@ -44,8 +44,9 @@ test-family: install
 
 # The lowest releases setup.cfg allows (constraints-floors.txt; torch: the CPU wheel, see that file), on the fast tier
 # of the tests that cover each family and target, load, export and the mappings: every registered family's
-# default-architecture parity on both targets at its longest input, which runs every step of the decode and encode
-# (the other inputs and configs call the same library functions in other arrangements)
+# default-architecture decode on both targets at its longest input, which runs every step of the decode (an encode,
+# like the other inputs and configs, calls the same library functions in other arrangements; test_export.py's
+# validated conversions encode at the floors too)
 FLOOR_TESTS := tests/test_parity.py tests/test_model_api.py tests/test_export.py tests/test_published_configs.py
 $(FLOORS)/.installed: setup.cfg setup.py constraints-floors.txt
 	$(PYTHON) -m venv $(FLOORS)
@@ -57,5 +58,5 @@ $(FLOORS)/.installed: setup.cfg setup.py constraints-floors.txt
 
 test-floors: $(FLOORS)/.installed
 	$(FLOORS)/bin/vae-convert --version
-	$(FLOORS)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" $(FLOOR_TESTS)
+	$(FLOORS)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" -k "not test_encode_matches_diffusers" $(FLOOR_TESTS)
 	$(FLOORS)/bin/vae-convert check-mappings

@@ -15,6 +15,12 @@ import pytest
 # change only by rounding. Set before JAX is imported, here and in every process a test starts (they inherit it).
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
+# For the same reason the models take XLA's own convolutions, as on every accelerator, not the CPU's faster routes
+# (models/common/conv.py), which compile in twice the time: test_parity.py runs each family's every input through
+# the routes against diffusers (cpu_conv_routes, below), and test_conv.py proves each route against XLA's convolution.
+from converter.models.common.conv import XLA_CONV_ENV  # noqa: E402 (after XLA_FLAGS: it imports JAX)
+
+os.environ[XLA_CONV_ENV] = "1"
 
 # the helpers' asserts (what a folder holds, an exit code) report their values, as the tests' own do
 pytest.register_assert_rewrite("tests.helpers")
@@ -152,6 +158,19 @@ def released_executables():
 
     jax.clear_caches()
     gc.collect()
+
+
+@pytest.fixture(scope="module")
+def cpu_conv_routes():
+    """The module's models take the CPU's convolution routes, as users' CPU runs do (no step compiled without them is
+    kept: the Flax steps' cache is one for the process)."""
+    import jax
+
+    jax.clear_caches()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv(XLA_CONV_ENV)
+        yield
+    jax.clear_caches()
 
 
 @pytest.fixture(scope="session")

@@ -34,9 +34,12 @@ def test_real_mappings_are_clean_in_text_and_json():
     result = CliRunner().invoke(cli, ["check-mappings", str(MAPPINGS_DIR / "wan.yaml"), "--target", "torchax"])
     assert result.exit_code == 0, result.output
     assert "all mappings clean" in result.output and "rms-norm-gamma" in result.output
-    result = CliRunner().invoke(cli, ["check-mappings", "--json"])
+    # every file, every format proven against its pairings: CI's whole check (.ci/run runs no other)
+    result = CliRunner().invoke(cli, ["check-mappings", "--json", "--pairings", str(PAIRINGS)])
     report = json.loads(result.output)
     assert report["ok"] and result.exit_code == 0
+    formats = [f for m in report["mappings"] for f in m["source_formats"]]
+    assert all(f["proven_against"] for f in formats if f["renames"]) and any(f["renames"] for f in formats)
     assert {m["file"].rsplit("/", 1)[1] for m in report["mappings"]} == {f.mapping_file for f in FAMILIES.values()}
     for family in FAMILIES.values():
         rules = next(m for m in report["mappings"] if m["file"].endswith(family.mapping_file))

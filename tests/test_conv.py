@@ -14,6 +14,7 @@ from converter.models.common import conv
 from converter.models.common.conv import cpu_conv
 from tests.helpers import report_on_8_devices
 
+pytestmark = pytest.mark.usefixtures("cpu_conv_routes")  # the routes themselves (tests/conftest.py)
 SPATIAL = ((1, 1), (1, 1))  # time unpadded (the models pad it causally), space padded by one
 CASES = {  # lhs (N, T, H, W, C) or (N, H, W, C), rhs (kT, kH, kW, C, O) or (kH, kW, C, O), the route taken
     "winograd": ((2, 5, 12, 9, 8), (3, 3, 3, 8, 16), "winograd_conv"),

@@ -6,7 +6,13 @@ wrong; one-frame checks would not see it.
 Each input is a case of its own. The default architecture runs every frame count at every size; its longest input
 (the largest frame count at the last size listed, the non-square or longer one: the first chunk and the cached ones)
 is the fast tier's. The other configs change the structure, not the paths through the frames: they run the longest
-input alone."""
+input alone.
+
+The torchax output is the project's PyTorch model, which torchax runs with each chunk step jitted: the chunk loop,
+the cache and the layers are the model's own code, and the lowerings are the Flax model's functions (models/common).
+Its jitted steps run at each config's longest input, where every layer of the config runs; the default
+architecture's other inputs run the torchax output's model in plain PyTorch, where it takes the same paths through
+the frames without tracing and compiling it again (over half of a case's time)."""
 
 from __future__ import annotations
 
@@ -19,6 +25,8 @@ import torch
 import converter
 from bench import diffusers_decode
 from converter.models.common.protocol import encoded
+from converter.runners import TorchRunner
+from converter.targets import TARGETS
 from tests.helpers import (
     converted_by_cli,
     decode_inputs,
@@ -31,9 +39,17 @@ from tests.helpers import (
 )
 
 ATOL = 1e-4
+# the models as users' CPU runs take them: each layer's convolution by the route for its shape (tests/conftest.py)
+pytestmark = pytest.mark.usefixtures("cpu_conv_routes")
 # Every family's small configs, each under the first model name of its variant: the cases come from the registry.
 CASES = family_cases(lambda testing: testing.small_configs)
 ENCODER_CASES = {key: case for key, case in CASES.items() if "encoder" in case[0].parts}
+
+
+def _longest(family, part: int) -> tuple:
+    """The (frames, sizes) of the family's longest decode (part 0) or encode (part 1) input."""
+    testing = family.testing()
+    return max(testing.parity_frames[part]), (testing.parity_latent_sizes, testing.parity_video_sizes)[part][-1]
 
 
 def parity_inputs(cases: dict, part: int) -> list:
@@ -42,7 +58,7 @@ def parity_inputs(cases: dict, part: int) -> list:
     for key, (family, which, _) in cases.items():
         testing = family.testing()
         sizes = (testing.parity_latent_sizes, testing.parity_video_sizes)[part]
-        longest = (max(testing.parity_frames[part]), sizes[-1])
+        longest = _longest(family, part)
         every = itertools.product(testing.parity_frames[part], sizes) if which == "default-arch" else [longest]
         for frames, size in every:
             name = "x".join(map(str, (frames, *size) if family.frame_axis else size))
@@ -51,10 +67,18 @@ def parity_inputs(cases: dict, part: int) -> list:
     return params
 
 
+def _runners(runners: dict, case: str, part: int, frames: int, sizes: tuple) -> dict:
+    """Every target's runner at the case's longest input; at the default architecture's others, Flax and the torchax
+    output's PyTorch model in plain PyTorch (see the module's docstring)."""
+    if (frames, sizes) == _longest(CASES[case][0], part):
+        return {target: runners[target] for target in TARGETS}
+    return {"flax": runners["flax"], "torch": runners["torch"]}
+
+
 @pytest.fixture(scope="module")
 def converted(tmp_path_factory, default_arch):
-    """case -> (family, diffusers' model, {target: runner}), converted once: a case's inputs are consecutive tests
-    (one work unit, conftest.py), so only the last case is kept."""
+    """case -> (family, diffusers' model, {target, and "torch": runner}), converted once: a case's inputs are
+    consecutive tests (one work unit, conftest.py), so only the last case is kept."""
     kept = {}
 
     def get(case):
@@ -67,7 +91,8 @@ def converted(tmp_path_factory, default_arch):
             else:
                 name, config = small(family, which)
                 reference, models = converted_by_cli(name, config, tmp_path_factory.mktemp(case))
-            kept[case] = family, reference, {target: runner(target, model) for target, model in models.items()}
+            runners = {target: runner(target, model) for target, model in models.items()}
+            kept[case] = family, reference, {**runners, "torch": TorchRunner(models["torchax"])}
         return kept[case]
 
     return get
@@ -85,7 +110,7 @@ def test_decode_matches_diffusers(converted, case, frames, sizes):
     if family.clamps_output:
         # the output must not sit in the [-1, 1] clamp, or the comparison would prove nothing
         assert (np.abs(expected) < 0.99).mean() > 0.9
-    for target, drive in runners.items():
+    for target, drive in _runners(runners, case, 0, frames, sizes).items():
         got = drive.decode(z.numpy(), **inputs)
         assert got.shape == expected.shape, (target, z.shape)
         assert np.abs(got - expected).max() <= ATOL, (target, z.shape, np.abs(got - expected).max())
@@ -99,7 +124,7 @@ def test_encode_matches_diffusers(converted, case, frames, sizes):
     x = x * 2 - 1
     with torch.no_grad():
         expected_outputs = [a.numpy() for a in encoded(reference.encode(x))]
-    for target, drive in runners.items():
+    for target, drive in _runners(runners, case, 1, frames, sizes).items():
         for got, expected in zip(drive.encode(x.numpy()), expected_outputs, strict=True):
             assert got.shape == expected.shape, (target, x.shape)
             assert np.abs(got - expected).max() <= ATOL, (target, x.shape, np.abs(got - expected).max())

@@ -7,6 +7,10 @@ reads a large kernel better than either (docs/performance.md, Design decisions);
 than its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's convolutions,
 which are their fast path. All compute the same convolution; only the order of additions differs. On a mesh that
 splits the width, each layer first takes its halo columns from its neighbours, once.
+
+With VAE_CONVERT_XLA_CONV=1 the CPU takes XLA's convolutions too, as every other backend does: they run slower and
+compile in about half the time (a small CogVideoX decode: 7.7 s against 15.8 s), which is what the test suite's
+many small models need (tests/conftest.py). It is read when a step is traced.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
@@ -25,6 +30,7 @@ from jax.sharding import PartitionSpec as P
 # them with its Eigen kernels, which are faster for these layers (docs/performance.md, Design decisions). An
 # xla_cpu_* option is read by the CPU compiler only.
 STEP_COMPILER_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+XLA_CONV_ENV = "VAE_CONVERT_XLA_CONV"
 
 # Input times output channels from which XLA:CPU's conv3d keeps up with per-tap 2D convolutions (docs/performance.md,
 # Design decisions).
@@ -74,6 +80,8 @@ def cpu_conv(
             padding,
             mesh,
         )
+    if os.environ.get(XLA_CONV_ENV) == "1":
+        return xla_conv()
     if lhs.ndim == 4:  # a 2D convolution: one frame of one time tap
         if not _winograd_fits(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation):
             return xla_conv()
