@@ -33,6 +33,7 @@ def test_torchax_imports_with_placeholders_for_exactly_the_missing_overloads():
         getattr(getattr(torch.ops.aten, op), overload)
 
 
+@pytest.mark.usefixtures("cpu_conv_routes")  # the routes themselves (tests/conftest.py)
 @pytest.mark.parametrize(
     "conv, shape, lowered",
     [
