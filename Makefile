@@ -48,7 +48,8 @@ test-family: install
 # of the tests that cover each family and target, load, export and the mappings: every registered family's
 # default-architecture decode on both targets at its longest input, which runs every step of the decode (an encode,
 # like the other inputs and configs, calls the same library functions in other arrangements; test_export.py's
-# validated conversions encode at the floors too)
+# validated conversions encode at the floors too). The mapping engine runs at the floors in test_published_configs.py,
+# which plans every published config through it ('check-mappings' over every config and target is the main suite's)
 FLOOR_TESTS := tests/test_parity.py tests/test_model_api.py tests/test_export.py tests/test_published_configs.py
 $(FLOORS)/.installed: setup.cfg setup.py constraints-floors.txt
 	$(PYTHON) -m venv $(FLOORS)
@@ -61,4 +62,3 @@ $(FLOORS)/.installed: setup.cfg setup.py constraints-floors.txt
 test-floors: $(FLOORS)/.installed
 	$(FLOORS)/bin/vae-convert --version
 	$(FLOORS)/bin/python -m pytest -q -n 2 --dist loadgroup -m "not slow" -k "not test_encode_matches_diffusers" $(FLOOR_TESTS)
-	$(FLOORS)/bin/vae-convert check-mappings
