@@ -16,8 +16,8 @@ import pytest
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 # For the same reason the models take XLA's own convolutions, as on every accelerator, not the CPU's faster routes
-# (models/common/conv.py), which compile in twice the time: test_parity.py runs each family's every input through
-# the routes against diffusers (cpu_conv_routes, below), and test_conv.py proves each route against XLA's convolution.
+# (models/common/conv.py), which compile in twice the time; the modules whose subject the routes are take them
+# (cpu_conv_routes, below): test_parity.py, every family's every input against diffusers, and the routes' own tests.
 from converter.models.common.conv import XLA_CONV_ENV  # noqa: E402 (after XLA_FLAGS: it imports JAX)
 
 os.environ[XLA_CONV_ENV] = "1"
