@@ -3,6 +3,7 @@ diffusers eager and diffusers under `torch.compile`, in float32 and bfloat16, on
 
     python -m bench.accelerator                       # every row (a lent GPU: about the whole lease)
     python -m bench.accelerator --rows wan2.1 sd1.5   # the rows of some models
+    python -m bench.accelerator --rows "flux.2-dev 1024x1024" --dtypes bfloat16 --budget 500   # what a lease allows
     python -m bench.accelerator --smoke               # small widths and sizes, on any machine (the tests run it)
 
 Per row and dtype: a random checkpoint of the real architecture (`vae-convert random-checkpoint`), converted to each
@@ -11,7 +12,9 @@ target in that dtype (no validation); then, each in a fresh process, every imple
 calls again in another process that finds the persistent compilation cache the first filled, and the steady calls
 of all of them taking turns in one process (the best of the rounds, each timed call after one of its own). The rate
 is the steady call's operations (counted as bench.flops counts them: 2 per multiply-add of the reference model's
-convolutions, matrix products and attention) over its time. Results: bench/results/accelerator.{md,json}.
+convolutions, matrix products and attention) over its time. Results: bench/results/accelerator.{md,json}, written
+after every task, so that a lease that ends mid-row leaves what was measured; with --budget no task starts once the
+seconds are spent, and one running then is stopped and noted.
 """
 
 from __future__ import annotations
@@ -148,23 +151,49 @@ def task_steady(paths: dict, cache: str, rounds: int, **call) -> dict:
 TASKS = {"first": task_first, "steady": task_steady}
 
 
-def _task(name: str, **kwargs) -> dict:
+class OutOfTime(Exception):
+    """The --budget is spent: the table keeps what was measured."""
+
+
+class Clock:
+    """The seconds a run may take (None: no limit); a task is given what is left."""
+
+    def __init__(self, budget: float | None):
+        self.deadline = None if budget is None else time.monotonic() + budget
+
+    def left(self) -> float | None:
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise OutOfTime
+        return left
+
+
+def _task(name: str, clock: Clock, **kwargs) -> dict:
     command = [sys.executable, "-m", "bench.accelerator", "--task", name, json.dumps(kwargs)]
     # JAX takes three quarters of a GPU's memory at its start unless told not to: PyTorch shares the steady process
     env = _environment({"XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env)
+    started, what = time.monotonic(), f"{name} {kwargs.get('impl') or ', '.join(kwargs['paths'])} {kwargs['dtype']}"
+    try:
+        result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=env, timeout=clock.left())
+    except subprocess.TimeoutExpired:
+        raise OutOfTime from None
+    print(f"  {what}: {time.monotonic() - started:.1f} s", file=sys.stderr)
     if result.returncode != 0:
         raise RuntimeError(f"accelerator task {name} {kwargs.get('impl', '')} failed:\n{result.stderr[-3000:]}")
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def measure(row: Row, work: Path, smoke: bool) -> dict:
+def measure(row: Row, work: Path, smoke: bool, dtypes: list[str], clock: Clock, measured: dict, save) -> None:
+    """Fills `measured` (the row's results) task by task, calling `save` after each."""
     source = work / "source"
     _vae_convert("random-checkpoint", row.model, source, *(["--small"] if smoke else []))
     latent = encoded_shape(row.model, list(row.sample), small=smoke)
     gflop = count(row.model, latent, list(row.sample), small=smoke)
-    measured = {"latent": latent, "sample": list(row.sample), "gflop": gflop, "dtypes": {}}
-    for dtype in SMOKE_DTYPES if smoke else DTYPES:
+    measured.update({"latent": latent, "sample": list(row.sample), "gflop": gflop, "dtypes": {}})
+    for dtype in dtypes:
+        clock.left()
         paths = {"diffusers": source, "diffusers+compile": source}
         for target in JITTED:
             paths[target] = work / f"{target}-{dtype}"
@@ -172,26 +201,33 @@ def measure(row: Row, work: Path, smoke: bool) -> dict:
             _vae_convert(row.model, *args)
         call = dict(dtype=dtype, latent=latent, sample=list(row.sample), tiled=row.tiled, smoke=smoke)
         cache = str(work / f"jax-cache-{dtype}")
-        first = {
-            impl: _task("first", impl=impl, path=str(paths[impl]), cache=cache if impl in JITTED else None, **call)
-            for impl in IMPLEMENTATIONS
-        }
-        # the same call as the first, finding the cache: smoke mode has run its path already
-        cached = {} if smoke else {
-            impl: _task("first", impl=impl, path=str(paths[impl]), cache=cache, **call) for impl in JITTED
-        }  # fmt: skip
         paths = {impl: str(path) for impl, path in paths.items()}
         rounds = 1 if smoke else STEADY_ROUNDS
+        m = measured["dtypes"][dtype] = {"first": {}, "cached": {}, "steady": {}}
+
+        # torch.compile's last, its own compiling the likeliest to fail: a failure stops the row, keeping the rest
+        for impl in ("flax", "torchax", "diffusers"):
+            m["first"][impl] = _task(
+                "first", clock, impl=impl, path=paths[impl], cache=cache if impl in JITTED else None, **call
+            )
+            save()
+        for impl in () if smoke else JITTED:  # the same call as the first, finding the cache (smoke: path run already)
+            m["cached"][impl] = _task("first", clock, impl=impl, path=paths[impl], cache=cache, **call)
+            save()
         # torch.compile's tracing asks for the current accelerator, which torchax's "jax" device, once registered,
         # answers with a device PyTorch cannot use: the compiled model takes its turns with diffusers eager alone
         eager = {impl: paths[impl] for impl in ("flax", "torchax", "diffusers")}
-        steady = _task("steady", paths=eager, cache=cache, rounds=rounds, **call)
+        m["steady"].update(_task("steady", clock, paths=eager, cache=cache, rounds=rounds, **call))
+        save()
+        m["first"]["diffusers+compile"] = _task(
+            "first", clock, impl="diffusers+compile", path=paths["diffusers"], cache=None, **call
+        )
+        save()
         compiled = {impl: paths[impl] for impl in ("diffusers+compile", "diffusers")}
-        steady["diffusers+compile"] = _task("steady", paths=compiled, cache=cache, rounds=rounds, **call)[
+        m["steady"]["diffusers+compile"] = _task("steady", clock, paths=compiled, cache=cache, rounds=rounds, **call)[
             "diffusers+compile"
         ]
-        measured["dtypes"][dtype] = {"first": first, "cached": cached, "steady": steady}
-    return measured
+        save()
 
 
 def markdown(results: dict) -> str:
@@ -202,24 +238,27 @@ def markdown(results: dict) -> str:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in results["rows"].items():
-        for dtype, m in row["dtypes"].items():
+        for dtype, m in row.get("dtypes", {}).items():
             for impl in IMPLEMENTATIONS:
+                first, cached, steady = (m[k].get(impl, {}) for k in ("first", "cached", "steady"))
+                if not first:
+                    continue
+                peak = first["peak_bytes"]
                 for part in ("decode", "encode"):
-                    steady = m["steady"][impl][part]
-                    cached = m["cached"].get(impl, {}).get(part)
-                    peak = m["first"][impl]["peak_bytes"]
+                    rate = f"{row['gflop'][part] / steady[part]:,.0f} GFLOP/s" if part in steady else "-"
                     lines.append(
-                        f"| {name} | {dtype} | {impl} | {part} | {m['first'][impl][part]:.3f} s | "
-                        f"{'-' if cached is None else f'{cached:.3f} s'} | {steady * 1e3:.1f} ms | "
-                        f"{'-' if peak is None else f'{peak / 2**30:.2f} GiB'} | "
-                        f"{row['gflop'][part] / steady:,.0f} GFLOP/s |"
+                        f"| {name} | {dtype} | {impl} | {part} | {first[part]:.3f} s | "
+                        f"{f'{cached[part]:.3f} s' if part in cached else '-'} | "
+                        f"{f'{steady[part] * 1e3:.1f} ms' if part in steady else '-'} | "
+                        f"{'-' if peak is None else f'{peak / 2**30:.2f} GiB'} | {rate} |"
                     )
     lines += [
         "",
         "first = the first call in a fresh process (compiling, for the jitted ones and torch.compile), with the peak "
         "device memory that process reached; first, cache = a second fresh process finding the persistent "
         "compilation cache the first filled; steady = the best of the rounds, the implementations taking turns in "
-        "one process; rate = the operations bench.flops counts over the steady time.",
+        "one process; rate = the operations bench.flops counts over the steady time; - = not measured.",
+        *(f"Not finished: {name}, {row['stopped']}." for name, row in results["rows"].items() if "stopped" in row),
     ]
     return "\n".join(lines) + "\n"
 
@@ -227,22 +266,44 @@ def markdown(results: dict) -> str:
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="small widths and sizes, on any machine")
-    parser.add_argument("--rows", nargs="*", help="the rows of these models (default: all)")
+    parser.add_argument("--rows", nargs="*", help="these rows, by model or by name (default: all), in this order")
+    parser.add_argument("--dtypes", nargs="*", choices=DTYPES, help="these dtypes (default: both), in this order")
+    parser.add_argument("--budget", type=float, help="seconds: no task starts after them, a running one is stopped")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = arguments_or_task(parser, TASKS)
     if args is None:
         return
-    rows = [r for r in (SMOKE_ROWS if args.smoke else ROWS) if not args.rows or r.model in args.rows]
+    table = SMOKE_ROWS if args.smoke else ROWS
+    rows = [r for wanted in args.rows for r in table if wanted in (r.model, r.name)] if args.rows else table
+    dtypes = args.dtypes or (SMOKE_DTYPES if args.smoke else DTYPES)
     results = {"device": _device(), "date": time.strftime("%Y-%m-%d %H:%M"), "rows": {}}
     results["mode"] = "smoke" if args.smoke else "full"
-    for row in rows:
-        print(f"measuring {row.name} ...", file=sys.stderr)
-        with tempfile.TemporaryDirectory(prefix="vae-convert-accelerator-") as work:
-            results["rows"][row.name] = measure(row, Path(work), args.smoke)
     name = "accelerator-smoke" if args.smoke else "accelerator"
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (args.out / f"{name}.md").write_text(markdown(results))
+
+    def save():
+        (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+        (args.out / f"{name}.md").write_text(markdown(results))
+
+    clock = Clock(args.budget)
+    for row in rows:
+        print(f"measuring {row.name} ...", file=sys.stderr)
+        measured = results["rows"][row.name] = {}
+        try:
+            with tempfile.TemporaryDirectory(prefix="vae-convert-accelerator-") as work:
+                measure(row, Path(work), args.smoke, dtypes, clock, measured, save)
+        except OutOfTime:
+            measured["stopped"] = f"the budget of {args.budget:.0f} s was spent"
+            save()
+            break
+        except (RuntimeError, subprocess.CalledProcessError) as error:
+            if args.smoke:
+                raise
+            # a lease is short: the next row is measured; the log keeps the whole error
+            print(error, getattr(error, "stderr", None) or "", file=sys.stderr)
+            measured["stopped"] = f"failed: {str(error).strip().splitlines()[-1][:300]}"
+            save()
+    save()
     print(markdown(results))
 
 
