@@ -1,20 +1,21 @@
 """The accelerator table: each model at the resolution its pipelines run, decoded and encoded by Flax, torchax,
 diffusers eager and diffusers under `torch.compile`, in float32 and bfloat16, on the machine's accelerator:
 
-    python -m bench.accelerator                       # every row (a lent GPU: about the whole lease)
+    python -m bench.accelerator                       # every row: hours of a GPU (a row and dtype, 4-10 minutes)
     python -m bench.accelerator --rows wan2.1 sd1.5   # the rows of some models
     python -m bench.accelerator --rows "flux.2-dev 1024x1024" --dtypes bfloat16 --budget 500   # what a lease allows
     python -m bench.accelerator --smoke               # small widths and sizes, on any machine (the tests run it)
 
 Per row and dtype: a random checkpoint of the real architecture (`vae-convert random-checkpoint`), converted to each
 target in that dtype (no validation); then, each in a fresh process, every implementation's first decode and encode
-(compiling, for the jitted ones and torch.compile) with the peak device memory it reached, the jitted ones' first
-calls again in another process that finds the persistent compilation cache the first filled, and the steady calls
-of all of them taking turns in one process (the best of the rounds, each timed call after one of its own). The rate
-is the steady call's operations (counted as bench.flops counts them: 2 per multiply-add of the reference model's
-convolutions, matrix products and attention) over its time. Results: bench/results/accelerator.{md,json}, written
-after every task, so that a lease that ends mid-row leaves what was measured; with --budget no task starts once the
-seconds are spent, and one running then is stopped and noted.
+(compiling, for the jitted ones and torch.compile) with the peak device memory it reached, each implementation with
+caches of its own (XLA keeps its autotuning results in JAX's, so a first call must not find another's), the jitted
+ones' first calls again in another process that finds the persistent compilation cache the first filled, and the
+steady calls of all of them taking turns in one process (the best of the rounds, each timed call after one of its
+own). The rate is the steady call's operations (counted as bench.flops counts them: 2 per multiply-add of the
+reference model's convolutions, matrix products and attention) over its time. Results:
+bench/results/accelerator.{md,json}, written after every task, so that a lease that ends mid-row leaves what was
+measured; with --budget no task starts once the seconds are spent, and one running then is stopped and noted.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -119,21 +122,29 @@ def _peak_bytes(impl: str) -> int | None:
     return torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
 
 
+def _use_compile_cache(impl: str, cache: str | None) -> None:
+    """This process's compilation cache: JAX's persistent cache for the jitted ones (XLA keeps its autotuning results
+    beside the executables), inductor's for torch.compile; None: none kept."""
+    if cache is None:
+        return
+    if impl == "diffusers+compile":
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
+    else:
+        import converter
+
+        converter.enable_compile_cache(cache)
+
+
 def task_first(impl: str, cache: str | None, **call) -> dict:
     """One implementation's first decode and encode in a fresh process, and the peak device memory they reached."""
-    import converter
-
-    if cache:
-        converter.enable_compile_cache(cache)
+    _use_compile_cache(impl, cache)
     calls = _calls(impl, **call)
     return {**{part: _seconds_of(c) for part, c in calls.items()}, "peak_bytes": _peak_bytes(impl)}
 
 
 def task_steady(paths: dict, cache: str, rounds: int, **call) -> dict:
     """Steady calls of every implementation in one process, taking turns (bench.run.task_steady's way)."""
-    import converter
-
-    converter.enable_compile_cache(cache)
+    _use_compile_cache("diffusers+compile" if "diffusers+compile" in paths else "flax", cache)
     calls = {impl: _calls(impl, path, **call) for impl, path in paths.items()}
     for parts in calls.values():
         for _ in range(2):  # the first compiles (or reads the cache); the second may still be slower
@@ -200,33 +211,37 @@ def measure(row: Row, work: Path, smoke: bool, dtypes: list[str], clock: Clock, 
             args = ("--source", source, "--to", target, "--dtype", dtype, "--out", paths[target], "--no-validate")
             _vae_convert(row.model, *args)
         call = dict(dtype=dtype, latent=latent, sample=list(row.sample), tiled=row.tiled, smoke=smoke)
-        cache = str(work / f"jax-cache-{dtype}")
+        # each implementation its own caches, new for the row: a first call finds no other's autotuning
+        caches = {impl: str(work / f"{impl}-cache-{dtype}") for impl in (*JITTED, "diffusers+compile")}
         paths = {impl: str(path) for impl, path in paths.items()}
         rounds = 1 if smoke else STEADY_ROUNDS
         m = measured["dtypes"][dtype] = {"first": {}, "cached": {}, "steady": {}}
 
         # torch.compile's last, its own compiling the likeliest to fail: a failure stops the row, keeping the rest
         for impl in ("flax", "torchax", "diffusers"):
-            m["first"][impl] = _task(
-                "first", clock, impl=impl, path=paths[impl], cache=cache if impl in JITTED else None, **call
-            )
+            m["first"][impl] = _task("first", clock, impl=impl, path=paths[impl], cache=caches.get(impl), **call)
             save()
         for impl in () if smoke else JITTED:  # the same call as the first, finding the cache (smoke: path run already)
-            m["cached"][impl] = _task("first", clock, impl=impl, path=paths[impl], cache=cache, **call)
+            m["cached"][impl] = _task("first", clock, impl=impl, path=paths[impl], cache=caches[impl], **call)
             save()
+        steady_cache = work / f"jax-cache-{dtype}"  # both jitted ones' compiled steps
+        for impl in JITTED:
+            if Path(caches[impl]).is_dir():
+                shutil.copytree(caches[impl], steady_cache, dirs_exist_ok=True)
         # torch.compile's tracing asks for the current accelerator, which torchax's "jax" device, once registered,
         # answers with a device PyTorch cannot use: the compiled model takes its turns with diffusers eager alone
         eager = {impl: paths[impl] for impl in ("flax", "torchax", "diffusers")}
-        m["steady"].update(_task("steady", clock, paths=eager, cache=cache, rounds=rounds, **call))
+        m["steady"].update(_task("steady", clock, paths=eager, cache=str(steady_cache), rounds=rounds, **call))
         save()
+        compile_cache = caches["diffusers+compile"]
         m["first"]["diffusers+compile"] = _task(
-            "first", clock, impl="diffusers+compile", path=paths["diffusers"], cache=None, **call
+            "first", clock, impl="diffusers+compile", path=paths["diffusers"], cache=compile_cache, **call
         )
         save()
         compiled = {impl: paths[impl] for impl in ("diffusers+compile", "diffusers")}
-        m["steady"]["diffusers+compile"] = _task("steady", clock, paths=compiled, cache=cache, rounds=rounds, **call)[
-            "diffusers+compile"
-        ]
+        m["steady"]["diffusers+compile"] = _task(
+            "steady", clock, paths=compiled, cache=compile_cache, rounds=rounds, **call
+        )["diffusers+compile"]
         save()
 
 
