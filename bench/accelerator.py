@@ -249,8 +249,9 @@ def markdown(results: dict) -> str:
     lines = [
         f"Machine: {results['device']}; {results['date']}; {results['mode']}.",
         "",
-        "| model | dtype | implementation | part | first | first, cache | steady | peak memory | rate |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | dtype | implementation | part | first | first, cache | steady | vs eager | vs compiled "
+        "| peak memory | rate |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in results["rows"].items():
         for dtype, m in row.get("dtypes", {}).items():
@@ -260,11 +261,18 @@ def markdown(results: dict) -> str:
                     continue
                 peak = first["peak_bytes"]
                 for part in ("decode", "encode"):
+                    # the goals' terms: how many times faster than diffusers eager and than diffusers compiled
+                    speedups = [
+                        f"{m['steady'][other][part] / steady[part]:.2f}x"
+                        if part in steady and part in m["steady"].get(other, {})
+                        else "-"
+                        for other in ("diffusers", "diffusers+compile")
+                    ]
                     rate = f"{row['gflop'][part] / steady[part]:,.0f} GFLOP/s" if part in steady else "-"
                     lines.append(
                         f"| {name} | {dtype} | {impl} | {part} | {first[part]:.3f} s | "
                         f"{f'{cached[part]:.3f} s' if part in cached else '-'} | "
-                        f"{f'{steady[part] * 1e3:.1f} ms' if part in steady else '-'} | "
+                        f"{f'{steady[part] * 1e3:.1f} ms' if part in steady else '-'} | {' | '.join(speedups)} | "
                         f"{'-' if peak is None else f'{peak / 2**30:.2f} GiB'} | {rate} |"
                     )
     lines += [
@@ -272,7 +280,8 @@ def markdown(results: dict) -> str:
         "first = the first call in a fresh process (compiling, for the jitted ones and torch.compile), with the peak "
         "device memory that process reached; first, cache = a second fresh process finding the persistent "
         "compilation cache the first filled; steady = the best of the rounds, the implementations taking turns in "
-        "one process; rate = the operations bench.flops counts over the steady time; - = not measured.",
+        "one process; vs eager, vs compiled = diffusers' steady time eager and under torch.compile over this one's "
+        "(above 1: faster); rate = the operations bench.flops counts over the steady time; - = not measured.",
         *(f"Not finished: {name}, {row['stopped']}." for name, row in results["rows"].items() if "stopped" in row),
     ]
     return "\n".join(lines) + "\n"
