@@ -317,7 +317,7 @@ def main():
             with tempfile.TemporaryDirectory(prefix="vae-convert-accelerator-") as work:
                 measure(row, Path(work), args.smoke, dtypes, clock, measured, save)
         except OutOfTime:
-            measured["stopped"] = f"the budget of {args.budget:.0f} s was spent"
+            measured["stopped"] = f"the budget of {args.budget:g} s was spent"
             save()
             break
         except (RuntimeError, subprocess.CalledProcessError) as error:

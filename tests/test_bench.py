@@ -77,6 +77,17 @@ def test_accelerator_table_smoke_mode(tmp_path):
     assert "| diffusers+compile | encode |" in (tmp_path / "accelerator-smoke.md").read_text()
 
 
+def test_accelerator_table_stops_when_its_budget_is_spent(tmp_path):
+    """--budget: once its seconds are spent no task starts, and the row says so in both files (a lease's end)."""
+    _smoke("bench.accelerator", tmp_path, "--budget", "0.001")
+    (row,) = json.loads((tmp_path / "accelerator-smoke.json").read_text())["rows"].values()
+    assert row["stopped"] == "the budget of 0.001 s was spent" and row["dtypes"] == {}
+    assert (
+        "Not finished: sd1.5 24x96 tiled, the budget of 0.001 s was spent."
+        in (tmp_path / "accelerator-smoke.md").read_text()
+    )
+
+
 def _counted_by_hooks(model, call) -> float:
     """GFLOP of `call()` on diffusers' `model` (the oracle's model, not the project's) counted by hooks, not by
     PyTorch's FlopCounterMode: 2 per multiply-add of each convolution and linear layer (its output's size times its
