@@ -44,7 +44,7 @@ class FlaxRunner:
 
     def _in(self, x: np.ndarray):
         """Channels-last in the given dtype, moved and cast where the model runs, as the torchax runner casts: NumPy
-        does it on one host core (0.4-0.9 s for a 121x704x1216 video here, more than an H200's whole encode)."""
+        does it on one host core (0.4-0.9 s for a 121x704x1216 video here, about an H200's whole encode of it)."""
         import jax.numpy as jnp
 
         x = jnp.moveaxis(x, 1, -1)
