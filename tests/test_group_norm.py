@@ -53,3 +53,23 @@ def test_bfloat16_within_one_percent_of_float32(norm_and_input):
     expected = _reference(norm, x)
     got = _jitted_under_torchax(norm, x)
     assert np.abs(got - expected).max() / np.abs(expected).max() <= 1e-2
+
+
+def test_the_accelerators_reduction_matches_the_cpus_product(norm_and_input, monkeypatch):
+    """Other backends sum the groups with a reduction, the CPU with a product (models/common/group_norm.py): both give
+    PyTorch's GroupNorm, here each on this CPU, on a video and on an image."""
+    import jax
+
+    from converter.models.common.group_norm import group_norm
+
+    norm, x = norm_and_input
+    scale, bias = (jax.numpy.asarray(p.detach().numpy()) for p in (norm.weight, norm.bias))
+    for sample in (x, x[:, :, 0]):  # (B, C, T, H, W) and (B, C, H, W)
+        expected = np.moveaxis(_reference(norm, sample), 1, -1)
+        channels_last = jax.numpy.asarray(np.moveaxis(sample.numpy(), 1, -1))
+        by_product = group_norm(channels_last, 8, 1e-6, scale, bias)[0]
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        by_reduction = group_norm(channels_last, 8, 1e-6, scale, bias)[0]
+        monkeypatch.undo()
+        assert np.abs(np.asarray(by_product) - expected).max() <= 1e-4
+        assert np.abs(np.asarray(by_reduction) - expected).max() <= 1e-4
