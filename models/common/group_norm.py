@@ -29,11 +29,11 @@ def group_norm(x, num_groups: int, eps: float, scale=None, bias=None):
 
 def _group_sums(x, num_groups: int):
     """(B, ..., C) -> (B, G), each group's sum over the middle axes and its channels. Elsewhere than on a CPU, a
-    reduction: XLA fuses the cast and the square that make x into it, and reads x once. On a CPU, each channel's sum
-    as a product with ones, then each group's channels added: XLA:CPU runs this product (ones on the left, rows of
-    (W*C)) at memory speed, where its reductions that keep the channel axis, and the same product over separate axes,
-    are several times slower (docs/performance.md, Design decisions). Both keep the width an axis of its own or the
-    major part of a merged one, so a width split over devices stays split."""
+    reduction, which XLA fuses with the cast and the square that make x (a product stays a product, its operand
+    materialised). On a CPU, each channel's sum as a product with ones, then each group's channels added: XLA:CPU runs
+    this product (ones on the left, rows of (W*C)) at memory speed, where its reductions that keep the channel axis,
+    and the same product over separate axes, are several times slower (docs/performance.md, Design decisions). Both
+    keep the width an axis of its own or the major part of a merged one, so a width split over devices stays split."""
     b, c = x.shape[0], x.shape[-1]
     if jax.default_backend() != "cpu":
         grouped = x.reshape(*x.shape[:-1], num_groups, c // num_groups)
