@@ -1,6 +1,7 @@
-"""The models' convolution on CPU (models/common/conv.py) takes one of four routes by shape: Winograd's F(2, 3)
-along the height, per-tap 2D convolutions, one batched matrix product over the taps, or, for a wide layer whose kernel
-outweighs its input, XLA's conv3d, which makes no per-tap copies of the kernel. Each is lax's convolution, and each
+"""The models' convolution on CPU (models/common/conv.py) takes one of its routes by shape: Winograd's F(2, 3)
+along the height, per-tap 2D convolutions, one batched matrix product over the taps, for a wide layer whose kernel
+outweighs its input XLA's conv3d, which makes no per-tap copies of the kernel, or, 1D with a filter per channel,
+weighted slices. Each is lax's convolution, and each
 case below takes the route it is named for. On a mesh that splits the width, a layer exchanges its halo once."""
 
 import json
@@ -50,7 +51,7 @@ def _routes_taken(monkeypatch) -> list[str]:
 
         return run
 
-    for name in ("winograd_conv", "tap_matmul"):
+    for name in ("winograd_conv", "tap_matmul", "depthwise_1d"):
         monkeypatch.setattr(conv, name, recording(name))
     return taken
 
@@ -67,6 +68,19 @@ def test_cpu_conv_is_lax_conv(case, monkeypatch):
     assert taken == ([route] if route else [])
     assert got.shape == expected.shape
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("stride", [1, 3])
+def test_a_filter_per_channel_in_1d_is_lax_conv(stride, monkeypatch):
+    """The vocoders' anti-aliasing filters: a 1D convolution grouped by channel, unpadded, as weighted slices."""
+    rng = np.random.default_rng(0)
+    lhs, rhs = rng.standard_normal((2, 23, 6)).astype(np.float32), rng.standard_normal((12, 1, 6)).astype(np.float32)
+    arguments = dict(dimension_numbers=("NWC", "WIO", "NWC"), feature_group_count=6)
+    expected = np.asarray(lax.conv_general_dilated(lhs, rhs, (stride,), [(0, 0)], **arguments))
+    taken = _routes_taken(monkeypatch)
+    got = np.asarray(jax.jit(lambda a, b: cpu_conv(a, b, (stride,), [(0, 0)], **arguments))(lhs, rhs))
+    assert taken == ["depthwise_1d"] and got.shape == expected.shape
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_winograd_only_in_float32(monkeypatch):

@@ -4,9 +4,10 @@
 2 rows of output instead of 6; other 3D ones become one 2D convolution per time tap, which XLA:CPU runs much faster
 than its 3D ones, or, when there are few output positions, one batched matrix product over the window's taps, which
 reads a large kernel better than either (docs/performance.md, Design decisions); a wide layer's kernel larger
-than its input stays with XLA's conv3d, as per-tap convolutions would copy it. Other backends keep XLA's convolutions,
-which are their fast path. All compute the same convolution; only the order of additions differs. On a mesh that
-splits the width, each layer first takes its halo columns from its neighbours, once.
+than its input stays with XLA's conv3d, as per-tap convolutions would copy it. A 1D convolution with a filter per
+channel (the vocoders' anti-aliasing filters) is its taps' weighted slices, summed in one pass. Other backends keep
+XLA's convolutions, which are their fast path. All compute the same convolution; only the order of additions
+differs. On a mesh that splits the width, each layer first takes its halo columns from its neighbours, once.
 
 With VAE_CONVERT_XLA_CONV=1 the CPU takes XLA's convolutions too, as every other backend does: they run slower and
 compile in about half the time (a small CogVideoX decode: 7.7 s against 15.8 s), which is what the test suite's
@@ -68,7 +69,11 @@ def cpu_conv(
             **kwargs,
         )
 
-    if jax.default_backend() != "cpu" or feature_group_count != 1 or lhs.ndim not in (4, 5):
+    if jax.default_backend() != "cpu":
+        return xla_conv()
+    if _depthwise_1d(lhs, rhs, padding, feature_group_count, lhs_dilation, rhs_dilation):
+        return depthwise_1d(lhs, rhs[:, 0], window_strides[0])
+    if feature_group_count != 1 or lhs.ndim not in (4, 5):
         return xla_conv()
     plain = {k: v for k, v in kwargs.items() if k != "out_sharding"}  # let jit propagate the sharding
     mesh = _width_split_mesh(lhs, rhs, window_strides, padding, lhs_dilation, rhs_dilation)
@@ -117,12 +122,36 @@ def cpu_conv(
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)
 
 
+def depthwise_1d(lhs, taps, stride: int = 1):
+    """lhs (N, W, C) through a filter per channel, taps (K, C), or one for all, (K,); unpadded (a correlation, as
+    PyTorch's Conv1d grouped by channel), in float32: K strided slices weighted and summed, which XLA fuses into one
+    pass over lhs, where XLA:CPU ran the grouped convolution 7x slower than PyTorch."""
+    k = taps.shape[0]
+    end = (lhs.shape[1] - k) // stride * stride + 1
+    wide = lhs.astype(jnp.promote_types(lhs.dtype, jnp.float32))
+    taps = taps.astype(wide.dtype)
+    return sum(taps[i] * lax.slice_in_dim(wide, i, i + end, stride, axis=1) for i in range(k))
+
+
 def prepadded_conv(lhs, rhs, window_strides, padding, **kwargs):
     """cpu_conv for convolutions whose input is padded before them (by replication or reflection): on a mesh, XLA's
     partitioner splits them (cpu_conv's width-halo exchange is for convolutions that zero-pad their own width)."""
     if not jax.sharding.get_abstract_mesh().empty:
         return lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
     return cpu_conv(lhs, rhs, window_strides, padding, **kwargs)
+
+
+def _depthwise_1d(lhs, rhs, padding, feature_group_count, lhs_dilation, rhs_dilation) -> bool:
+    """Whether the CPU's depthwise_1d takes this convolution: 1D, a filter per channel, unpadded, undilated, and XLA's
+    convolutions not asked for."""
+    return (
+        lhs.ndim == 3
+        and feature_group_count == lhs.shape[-1] == rhs.shape[-1]
+        and rhs.shape[1] == 1
+        and tuple(padding[0]) == (0, 0)
+        and _undilated(lhs_dilation, rhs_dilation)
+        and os.environ.get(XLA_CONV_ENV) != "1"
+    )
 
 
 def _undilated(lhs_dilation, rhs_dilation) -> bool:
