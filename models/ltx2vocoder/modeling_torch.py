@@ -21,7 +21,8 @@ from .filters import hann_resampler
 
 def fir(x, taps, stride: int = 1):
     """Every channel of x (B, L, C) through one filter `taps` (K,): a depthwise Conv1d (a correlation, no padding)
-    with `stride`, as diffusers' (the torchax runtime computes it as the Flax model does, models/common/conv.py)."""
+    with `stride`, as diffusers' (on CPU the torchax runtime computes it as the Flax model does: models/common/conv.py,
+    depthwise_1d)."""
     channels = x.shape[-1]
     weight = taps.view(1, 1, -1).expand(channels, 1, -1)
     return F.conv1d(x.transpose(1, 2), weight, stride=stride, groups=channels).transpose(1, 2)
