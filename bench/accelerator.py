@@ -78,6 +78,7 @@ def _calls(impl: str, path: str, dtype: str, latent: list, sample: list, tiled: 
     import converter
     from converter.models.common.protocol import encoded
     from converter.registry import config_from_dict, family_for_class
+    from converter.targets import TARGETS
     from converter.validate import decode_inputs
 
     rng = np.random.default_rng(0)
@@ -91,20 +92,15 @@ def _calls(impl: str, path: str, dtype: str, latent: list, sample: list, tiled: 
         vae = converter.load(path)
         if tiled:
             vae.enable_tiling()
-        if impl == "flax":  # channels-last, in the output's own dtype, as users run it
-            import jax.numpy as jnp
-
-            z_in, x_in = (jnp.moveaxis(jnp.asarray(v), 1, -1).astype(dtype) for v in (z, x))
+        runner = TARGETS[impl].runner(vae, native=True)  # in the output's own dtype, as users run it
+        z_in, x_in = runner.model_input(z), runner.model_input(x)
+        if impl == "flax":
             decode, encode = (lambda: vae.decode(z_in, **inputs)), (lambda: vae.encode(x_in))
         else:
-            from converter.torchax_runtime import compile_model, to_jax_tensor
-
-            model = compile_model(vae.eval())
-            z_in, x_in = to_jax_tensor(model, z), to_jax_tensor(model, x)
-            conditions = {k: to_jax_tensor(model, v) for k, v in inputs.items()}
+            conditions = {k: runner.model_input(v) for k, v in inputs.items()}
             decode, encode = (
-                (lambda: model.decode(z_in, **conditions).sample.jax()),
-                (lambda: [t.jax() for t in encoded(model.encode(x_in))]),
+                (lambda: runner.vae.decode(z_in, **conditions).sample.jax()),
+                (lambda: [t.jax() for t in encoded(runner.vae.encode(x_in))]),
             )
         return {"decode": lambda: jax.block_until_ready(decode()), "encode": lambda: jax.block_until_ready(encode())}
     device = "cuda" if torch.cuda.is_available() else "cpu"

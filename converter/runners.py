@@ -37,13 +37,14 @@ class FlaxRunner:
         self.model, self.dtype = model, dtype
 
     def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
-        return _first(self.model.decode(self._in(latent), **inputs))
+        return _first(self.model.decode(self.model_input(latent), **inputs))
 
     def encode(self, video: np.ndarray) -> tuple[np.ndarray, ...]:
-        return tuple(_first(a) for a in encoded(self.model.encode(self._in(video))))
+        return tuple(_first(a) for a in encoded(self.model.encode(self.model_input(video))))
 
-    def _in(self, x: np.ndarray):
-        """Channels-last in the given dtype, moved and cast where the model runs, as the torchax runner casts: NumPy
+    def model_input(self, x: np.ndarray):
+        """A channels-first array as the model takes it: channels-last in the given dtype, moved and cast where the
+        model runs, as the torchax runner casts: NumPy
         does it on one host core (0.4-0.9 s for a 121x704x1216 video here, about an H200's whole encode of it)."""
         import jax.numpy as jnp
 
@@ -65,15 +66,21 @@ class TorchaxRunner:
         self.vae = torchax_runtime.compile_model((model if native else model.float()).eval())
 
     def decode(self, latent: np.ndarray, **inputs: np.ndarray) -> np.ndarray:
-        from converter.torchax_runtime import to_jax_tensor, to_numpy
+        from converter.torchax_runtime import to_numpy
 
-        inputs = _converted(inputs, lambda value: to_jax_tensor(self.vae, value))
-        return to_numpy(self.vae.decode(to_jax_tensor(self.vae, latent), **inputs).sample)
+        inputs = _converted(inputs, self.model_input)
+        return to_numpy(self.vae.decode(self.model_input(latent), **inputs).sample)
 
     def encode(self, video: np.ndarray) -> tuple[np.ndarray, ...]:
-        from converter.torchax_runtime import to_jax_tensor, to_numpy
+        from converter.torchax_runtime import to_numpy
 
-        return tuple(map(to_numpy, encoded(self.vae.encode(to_jax_tensor(self.vae, video)))))
+        return tuple(map(to_numpy, encoded(self.vae.encode(self.model_input(video)))))
+
+    def model_input(self, x: np.ndarray):
+        """An array as the model takes it: a torchax tensor on the device, floating point in the model's dtype."""
+        from converter.torchax_runtime import to_jax_tensor
+
+        return to_jax_tensor(self.vae, x)
 
 
 class TorchRunner:

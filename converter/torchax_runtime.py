@@ -11,8 +11,8 @@ The runtime lowers some ops as the Flax models compute them:
   in float32;
 - 1D, 2D and 3D convolutions (`aten.convolution` on 3-D to 5-D inputs) channels-last through `cpu_conv`
   (models/common/conv.py): on CPU the route the Flax models take for the layer's shape (Winograd's F(2, 3), one 2D
-  convolution per time tap, or one batched matrix product over the window's taps). The models pad and cache
-  channels-last around them, so XLA's transposes cancel;
+  convolution per time tap, one batched matrix product over the window's taps, or a 1D filter per channel as its
+  taps' weighted slices). The models pad and cache channels-last around them, so XLA's transposes cancel;
 - sin (`aten.sin`, Snake's) as models/common/sine.py computes it, which XLA:CPU vectorises;
 - SiLU and sums of activations (`aten.silu`, `aten.add.Tensor` on tensors of one shape) channels-last, so that what
   XLA materialises between the convolutions is laid out as they read it;

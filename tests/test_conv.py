@@ -1,8 +1,8 @@
 """The models' convolution on CPU (models/common/conv.py) takes one of its routes by shape: Winograd's F(2, 3)
 along the height, per-tap 2D convolutions, one batched matrix product over the taps, for a wide layer whose kernel
 outweighs its input XLA's conv3d, which makes no per-tap copies of the kernel, or, 1D with a filter per channel,
-weighted slices. Each is lax's convolution, and each
-case below takes the route it is named for. On a mesh that splits the width, a layer exchanges its halo once."""
+weighted slices. Each is lax's convolution, and each case below takes the route it is named for. On a mesh that
+splits the width, a layer exchanges its halo once."""
 
 import json
 
