@@ -227,29 +227,33 @@ def measure(row: Row, work: Path, smoke: bool, dtypes: list[str], clock: Clock, 
             args = ("--source", source, "--to", target, "--dtype", dtype, "--out", paths[target], "--no-validate")
             _vae_convert(row.model, *args)
         call = dict(dtype=dtype, latent=latent, sample=list(row.sample), tiled=row.tiled, smoke=smoke)
-        # each implementation its own caches, new for the row: a first call finds no other's autotuning
-        caches = {impl: str(work / f"{impl}-cache-{dtype}") for impl in (*JITTED, "diffusers+compile")}
         paths = {impl: str(path) for impl, path in paths.items()}
         rounds = 1 if smoke else STEADY_ROUNDS
         m = measured["dtypes"][dtype] = {"first": {}, "cached": {}, "steady": {}}
 
-        # torch.compile's last, its own compiling the likeliest to fail: a failure stops the row, keeping the rest
-        for impl in ("flax", "torchax", "diffusers"):
-            m["first"][impl] = _task("first", clock, impl=impl, path=paths[impl], cache=caches.get(impl), **call)
-            save()
-        for impl in () if smoke else JITTED:  # the same call as the first, finding the cache (smoke: path run already)
-            m["cached"][impl] = _task("first", clock, impl=impl, path=paths[impl], cache=caches[impl], **call)
-            save()
-        steady_cache = work / f"jax-cache-{dtype}"  # both jitted ones' compiled steps
+        # Each implementation its own caches, new for the row: a first call finds no other's autotuning. JAX keys a
+        # cache's entries by its folder's path (XLA's autotuning folder inside it is a compile option), so the jitted
+        # ones take turns at one path, each one's entries moved aside after its calls, all of them back for the
+        # steady process. torch.compile's tasks come last, its own compiling the likeliest to fail: a failure stops
+        # the row, keeping the rest.
+        jax_cache, kept = work / f"jax-cache-{dtype}", []
         for impl in JITTED:
-            if Path(caches[impl]).is_dir():
-                shutil.copytree(caches[impl], steady_cache, dirs_exist_ok=True)
+            # the cached call is the first one again (smoke: its path has run already)
+            for when in ("first",) if smoke else ("first", "cached"):
+                m[when][impl] = _task("first", clock, impl=impl, path=paths[impl], cache=str(jax_cache), **call)
+                save()
+            if jax_cache.is_dir():
+                kept.append(jax_cache.rename(work / f"{impl}-jax-cache-{dtype}"))
+        m["first"]["diffusers"] = _task("first", clock, impl="diffusers", path=paths["diffusers"], cache=None, **call)
+        save()
+        for folder in kept:
+            shutil.copytree(folder, jax_cache, dirs_exist_ok=True)
         # torch.compile's tracing asks for the current accelerator, which torchax's "jax" device, once registered,
         # answers with a device PyTorch cannot use: the compiled model takes its turns with diffusers eager alone
         eager = {impl: paths[impl] for impl in ("flax", "torchax", "diffusers")}
-        m["steady"].update(_task("steady", clock, paths=eager, cache=str(steady_cache), rounds=rounds, **call))
+        m["steady"].update(_task("steady", clock, paths=eager, cache=str(jax_cache), rounds=rounds, **call))
         save()
-        compile_cache = caches["diffusers+compile"]
+        compile_cache = str(work / f"inductor-cache-{dtype}")
         m["first"]["diffusers+compile"] = _task(
             "first", clock, impl="diffusers+compile", path=paths["diffusers"], cache=compile_cache, **call
         )

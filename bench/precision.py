@@ -8,7 +8,8 @@ Each run replaces the rows of the models it names in bench/results/precision.{js
 
 Each model: a random checkpoint of the real architecture (`vae-convert random-checkpoint`), converted with `--dtype
 bfloat16` to each target (no validation), and diffusers' model on the float32 checkpoint. The reference is diffusers
-in float32; the rows are diffusers' model loaded in bfloat16 (`torch_dtype`, its `_keep_in_fp32_modules` kept) and
+in float32; the rows are diffusers' model loaded in bfloat16 (`torch_dtype`, its `_keep_in_fp32_modules` kept; its
+convolutions as bfloat16_convolutions_in_float32 computes them, PyTorch's own but for a rare last bit) and
 our outputs run as users run them (in their own dtype: `runner(..., native=True)`), each on the same input cast to
 bfloat16: max and mean |bf16 - fp32| and the relative L2 error (|bf16 - fp32|_2 / |fp32|_2) of the decode, and of
 the encode's mean where there is an encoder. Ours should be no further than diffusers'. The sample is the family's
@@ -19,6 +20,7 @@ standard normal latent of the size the sample encodes to (a decoder alone: of th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -43,7 +45,7 @@ def _diffusers_calls(folder: Path, dtype) -> tuple:
     model = diffusers_class_of(folder).from_pretrained(folder, torch_dtype=dtype).eval()
 
     def run(x, call):
-        with torch.no_grad():
+        with torch.no_grad(), bfloat16_convolutions_in_float32():
             return call(torch.from_numpy(x).to(dtype)).float().numpy()
 
     def decode(z):
@@ -53,6 +55,36 @@ def _diffusers_calls(folder: Path, dtype) -> tuple:
         return run(x, lambda t: encoded(model.encode(t))[0])
 
     return decode, encode if hasattr(model, "encode") else None
+
+
+@contextlib.contextmanager
+def bfloat16_convolutions_in_float32():
+    """Within it, PyTorch's 1D, 2D and 3D convolutions of bfloat16 tensors compute in float32 on the bfloat16 values
+    and round their output to bfloat16 once, as the native kernels, which accumulate in float32, do. On a CPU without
+    bfloat16 units (AVX2) the native ones take a reference path 25-300x slower than float32's (a CogVideoX decode at
+    small widths: 15 s against 0.6 s); the outputs are the native ones but for rare last-bit roundings
+    (tests/test_bench.py)."""
+    import torch
+    import torch.nn.functional as F
+
+    originals = {name: getattr(F, name) for name in ("conv1d", "conv2d", "conv3d")}
+
+    def in_float32(convolution):
+        def convolve(input, weight, bias=None, *args, **kwargs):
+            if input.dtype != torch.bfloat16:
+                return convolution(input, weight, bias, *args, **kwargs)
+            bias = None if bias is None else bias.float()
+            return convolution(input.float(), weight.float(), bias, *args, **kwargs).to(torch.bfloat16)
+
+        return convolve
+
+    for name, convolution in originals.items():
+        setattr(F, name, in_float32(convolution))
+    try:
+        yield
+    finally:
+        for name, convolution in originals.items():
+            setattr(F, name, convolution)
 
 
 def errors(source: Path, outputs: dict[str, Path], latent: np.ndarray, sample: np.ndarray | None) -> dict:

@@ -139,3 +139,29 @@ def test_the_operations_counted_are_those_diffusers_model_runs(model_name, laten
     }
     assert expected["decode"] > 0 and expected["encode"] > 0
     assert count(model_name, latent, image, small=True) == pytest.approx(expected, rel=1e-9)
+
+
+# a 1D convolution with a stride, a 2D one in groups, a 3D one padded: each as diffusers' models call them
+@pytest.mark.parametrize(
+    "convolution, sample, weight, options",
+    [
+        ("conv1d", (1, 32, 200), (16, 32, 7), {"stride": 2}),
+        ("conv2d", (1, 32, 12, 20), (16, 8, 3, 3), {"groups": 4, "padding": 1}),
+        ("conv3d", (1, 16, 5, 8, 6), (8, 16, 3, 3, 3), {"padding": (0, 1, 1)}),
+    ],
+)
+def test_bfloat16_convolutions_in_float32_are_pytorchs_own(convolution, sample, weight, options):
+    """The bfloat16 reference's convolutions (bench/precision.py) are PyTorch's bfloat16 ones but for a last bit."""
+    import torch.nn.functional as F
+
+    from bench.precision import bfloat16_convolutions_in_float32
+
+    generator = torch.Generator().manual_seed(0)
+    x, w = torch.randn(sample, generator=generator), torch.randn(weight, generator=generator) / weight[1] ** 0.5
+    x, w, b = x.bfloat16(), w.bfloat16(), torch.randn(weight[0], generator=generator).bfloat16()
+    native = getattr(F, convolution)(x, w, b, **options)
+    with bfloat16_convolutions_in_float32():
+        emulated = getattr(F, convolution)(x, w, b, **options)
+    assert emulated.dtype == torch.bfloat16 and getattr(F, convolution)(x, w, b, **options).equal(native)
+    torch.testing.assert_close(emulated, native, rtol=2**-7, atol=0)  # one bfloat16 rounding apart at most
+    assert (emulated == native).float().mean() > 0.99
