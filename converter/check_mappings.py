@@ -60,7 +60,6 @@ def mapping_files(paths: list[Path]) -> list[Path]:
 
 def check_files(paths: list[Path], only_target: str | None, pairings: list[Path] | None = None) -> list[FileReport]:
     reports = []
-    checkpoints = {}  # (family, config) -> its diffusers keys, built once for every file's formats
     for path in mapping_files(paths):
         report = FileReport(str(path))
         reports.append(report)
@@ -80,13 +79,13 @@ def check_files(paths: list[Path], only_target: str | None, pairings: list[Path]
                 report.targets.append(_check_target(rules, configs, target))
             report.formats = [_check_format(rules, fmt, configs, pairings) for fmt in rules.formats.values()]
             for fmt, format_report in zip(rules.formats.values(), report.formats):
-                format_report.problems += _fits_other_families(rules, fmt, checkpoints)
+                format_report.problems += _fits_other_families(rules, fmt)
         except ConvertError as e:
             report.error = str(e)
     return reports
 
 
-def _fits_other_families(rules, fmt, checkpoints: dict) -> list[str]:
+def _fits_other_families(rules, fmt) -> list[str]:
     """A format's signature must not fit a diffusers checkpoint of a family another mapping file maps, at any config
     check-mappings knows: detection would take that checkpoint for this format. (Families sharing a file are told
     apart by their config's class.)"""
@@ -95,10 +94,7 @@ def _fits_other_families(rules, fmt, checkpoints: dict) -> list[str]:
         if family.name in rules.families:
             continue
         for name, raw in configs_to_check(family):
-            key = (family.name, json.dumps(raw, sort_keys=True))
-            if key not in checkpoints:
-                checkpoints[key] = targets.diffusers_shapes(family, config_from_dict(family, raw))
-            if fmt.fits(checkpoints[key]):
+            if fmt.fits(targets.diffusers_shapes(family, config_from_dict(family, raw))):
                 problems.append(
                     f"signature {list(fmt.signature)} ({fmt.where}) also fits a checkpoint of {family.class_name} "
                     f"({family.name}, config {name}): add a key only this format has"

@@ -279,13 +279,20 @@ def meta_torch(family: FamilySpec, config):
     return model
 
 
+_DIFFUSERS_SPECS: dict[tuple, dict] = {}  # (family, config) -> diffusers' state_dict specs, for this process
+
+
 def diffusers_specs(family: FamilySpec, config) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """The diffusers state_dict's keys, shapes and dtypes (float32, and int64 for counts) for `config` (imports
-    PyTorch)."""
-    return {
-        k: (tuple(v.shape), np.dtype(str(v.dtype).removeprefix("torch.")))
-        for k, v in meta_torch(family, config).state_dict().items()
-    }
+    PyTorch). Made once per process and config: a conversion asks several times, check-mappings hundreds, and
+    building the model on the meta device takes 0.1-1 s."""
+    key = (family.name, config)
+    if key not in _DIFFUSERS_SPECS:
+        _DIFFUSERS_SPECS[key] = {
+            k: (tuple(v.shape), np.dtype(str(v.dtype).removeprefix("torch.")))
+            for k, v in meta_torch(family, config).state_dict().items()
+        }
+    return dict(_DIFFUSERS_SPECS[key])
 
 
 def diffusers_shapes(family: FamilySpec, config) -> dict[str, tuple[int, ...]]:
