@@ -214,6 +214,7 @@ def _task(name: str, clock: Clock, **kwargs) -> dict:
 
 def measure(row: Row, work: Path, smoke: bool, dtypes: list[str], clock: Clock, measured: dict, save) -> None:
     """Fills `measured` (the row's results) task by task, calling `save` after each."""
+    clock.left()  # a budget already spent makes no checkpoint
     source = work / "source"
     _vae_convert("random-checkpoint", row.model, source, *(["--small"] if smoke else []))
     latent = encoded_shape(row.model, list(row.sample), small=smoke)
