@@ -25,6 +25,14 @@ def edge_copies(x, axis, index, copies):
     return edge.expand(*x.shape[:axis], copies, *x.shape[axis + 1 :])
 
 
+def rms_norm(x, eps):
+    """x over the root mean square of its channels (dim 1) at each position, no parameters, in float32. Computed
+    channels-last, the layout the convolutions around it read and write under torchax (converter/torchax_runtime.py):
+    over dim 1, XLA wrote every square out channels-first before summing it."""
+    x32 = x.float().movedim(1, -1)
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).movedim(-1, 1).to(x.dtype)
+
+
 def channels_last_1d(x, call):
     """`call` (B, L, C) -> (B, L', C) on x (B, C, L), as (B, C, L'): a chain of elementwise work and filters along L
     (an anti-aliased activation) computed channels-last, the layout the 1D convolutions around it read and write

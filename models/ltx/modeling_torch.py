@@ -18,17 +18,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_video
-from ..common.layers_torch import pad_edges
+from ..common.layers_torch import pad_edges, rms_norm
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import STRIDES, ConvStyle, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
 from .noise import noise_maps
 
-
-def rms_norm(x, eps=1e-8):
-    """diffusers' RMSNorm without weights over the channels (dim 1), in float32."""
-    x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(1, keepdim=True) + eps)).to(x.dtype)
+# diffusers' RMSNorm without weights over the channels, in float32
+RMS_NORM_EPS = 1e-8
 
 
 def space_to_depth(x, stride):
@@ -122,13 +119,13 @@ class LTXVideoResnetBlock3d(nn.Module):
         return x + (next(noise).to(x.dtype)[None] * scale)[None, :, None]
 
     def forward(self, inputs, temb=None, noise=None):
-        h = rms_norm(inputs)
+        h = rms_norm(inputs, RMS_NORM_EPS)
         if self.scale_shift_table is not None:
             table = temb.unflatten(1, (4, -1)) + self.scale_shift_table[None, ..., None, None, None]
             shift_1, scale_1, shift_2, scale_2 = table.unbind(dim=1)
             h = h * (1 + scale_1) + shift_1
         h = self._add_noise(self.conv1(F.silu(h)), self.per_channel_scale1, noise)
-        h = rms_norm(h)
+        h = rms_norm(h, RMS_NORM_EPS)
         if self.scale_shift_table is not None:
             h = h * (1 + scale_2) + shift_2
         h = self._add_noise(self.conv2(F.silu(h)), self.per_channel_scale2, noise)
@@ -281,7 +278,7 @@ class LTXVideoEncoder3d(nn.Module):
         x = self.conv_in(x)
         for block in self.down_blocks:
             x = block(x)
-        x = self.conv_out(F.silu(rms_norm(self.mid_block(x))))
+        x = self.conv_out(F.silu(rms_norm(self.mid_block(x), RMS_NORM_EPS)))
         return torch.cat([x, x[:, -1:].repeat(1, x.size(1) - 2, 1, 1, 1)], dim=1), None
 
 
@@ -315,7 +312,7 @@ class LTXVideoDecoder3d(nn.Module):
         x = self.mid_block(x, temb, noise)
         for block in self.up_blocks:
             x = block(x, temb, noise)
-        x = rms_norm(x)
+        x = rms_norm(x, RMS_NORM_EPS)
         if self.time_embedder is not None:
             table = self.time_embedder(temb, x.dtype).view(x.size(0), 2, -1, 1, 1, 1)
             table = table + self.scale_shift_table[None, ..., None, None, None]

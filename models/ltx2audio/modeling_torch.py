@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_image
-from ..common.layers_torch import GroupNorm
+from ..common.layers_torch import GroupNorm, rms_norm
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import AutoencoderKLLTX2AudioConfig, causal_padding, decoded_size, downsample_padding, upsample_crop
@@ -41,8 +41,7 @@ class LTX2AudioPixelNorm(nn.Module):
     """x over the root mean square of its channels at each position (no parameters), in float32."""
 
     def forward(self, x):
-        x32 = x.float()
-        return (x32 * torch.rsqrt(x32.square().mean(dim=1, keepdim=True) + 1e-6)).to(x.dtype)
+        return rms_norm(x, 1e-6)
 
 
 def norm(config: AutoencoderKLLTX2AudioConfig, channels: int) -> nn.Module:
