@@ -129,19 +129,21 @@ def kernel_order(ndim: int) -> tuple[int, ...]:
 def _jax_convolution(x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     """aten.convolution in JAX: a 1D, 2D or 3D convolution channels-last through `cpu_conv`, as the Flax models run
     it, anything else as torchax lowers it; either accumulating in float32 with its bias added there and rounded
-    once, as PyTorch's own convolutions and the Flax models' (models/common/layers_flax.py, Conv) are."""
+    once, as PyTorch's own convolutions and the Flax models' (models/common/layers_flax.py, Conv) are: on an
+    accelerator by its convolution units (models/common/conv.py, rounds_convolutions_itself)."""
     import jax.numpy as jnp
     from jax import lax
     from torchax.ops import jaten
 
-    from converter.models.common.conv import cpu_conv
+    from converter.models.common.conv import cpu_conv, rounds_convolutions_itself
     from converter.models.common.precision import plus_bias
 
     if transposed or x.ndim not in (3, 4, 5):
+        rest = (stride, padding, dilation, transposed, output_padding, groups)
+        if rounds_convolutions_itself():
+            return jaten._aten_convolution(x, weight, bias, *rest)
         wide = (None if a is None else a.astype(jnp.float32) for a in (x, weight, bias))
-        return jaten._aten_convolution(*wide, stride, padding, dilation, transposed, output_padding, groups).astype(
-            jnp.result_type(x, weight)
-        )
+        return jaten._aten_convolution(*wide, *rest).astype(jnp.result_type(x, weight))
     to_last, to_first = _channels_last(x.ndim)
     layout = {3: "NWC", 4: "NHWC", 5: "NDHWC"}[x.ndim]
     y = cpu_conv(

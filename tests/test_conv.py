@@ -171,3 +171,58 @@ def test_a_width_split_layer_exchanges_its_halo_once():
     for name, r in report.items():
         assert r["exchanges"] == 2, (name, r)
         assert r["max_abs"] <= 1e-4, (name, r)
+
+
+def _bfloat16_layers():
+    """A bfloat16 3x3 layer with a bias as each target runs it: the Flax models' Conv, and torchax's lowering of
+    PyTorch's convolution (channels-first)."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from converter import torchax_runtime
+    from converter.models.common.layers_flax import Conv
+
+    rng = np.random.default_rng(0)
+    kernel = jnp.asarray(rng.standard_normal((3, 3, 8, 16)) / 8, jnp.bfloat16)
+    bias = jnp.asarray(rng.standard_normal(16), jnp.bfloat16)
+    flax_conv = Conv(8, 16, (3, 3), padding=((1, 1), (1, 1)), rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)
+    flax_conv.kernel[...], flax_conv.bias[...] = kernel, bias
+    flax_conv.conv_general_dilated = cpu_conv
+    weight = kernel.transpose(3, 2, 0, 1)  # (O, I, kH, kW)
+    return {
+        "flax": (flax_conv, (1, 6, 10, 8)),
+        "torchax": (
+            lambda x: torchax_runtime._jax_convolution(x, weight, bias, (1, 1), (1, 1), (1, 1), False, (0, 0), 1),
+            (1, 8, 6, 10),
+        ),
+    }
+
+
+@pytest.mark.parametrize("target", ["flax", "torchax"])
+def test_an_accelerator_convolves_bfloat16_in_bfloat16(target, monkeypatch):
+    """Off the CPU a bfloat16 layer convolves in bfloat16 with its bias added there, which cuDNN accumulates and adds
+    in float32 and rounds once (asked for float32 out of bfloat16, XLA's GPU compiler converts both operands and
+    convolves in float32, at half the rate); on the CPU, in float32 as now. Run here, the accelerator's route
+    rounds the product before its bias as well, so the results differ by a rounding or two."""
+    import jax.numpy as jnp
+
+    from converter import torchax_runtime
+
+    torchax_runtime.torchax_env()  # torchax's operators registered, as the runtime runs them
+    layer, shape = _bfloat16_layers()[target]
+    x = jnp.asarray(np.random.default_rng(1).standard_normal(shape), jnp.bfloat16)
+
+    def convolutions(*, accelerator: bool):
+        with monkeypatch.context() as patch:
+            if accelerator:
+                patch.setattr(jax, "default_backend", lambda: "gpu")
+            program = jax.make_jaxpr(lambda v: layer(v))(x)
+            return [e for e in program.eqns if e.primitive.name == "conv_general_dilated"], layer(x)
+
+    (on_cpu,), cpu_result = convolutions(accelerator=False)
+    assert on_cpu.outvars[0].aval.dtype == jnp.float32
+    (on_accelerator,), accelerator_result = convolutions(accelerator=True)
+    assert [v.aval.dtype for v in (*on_accelerator.invars, *on_accelerator.outvars)] == [jnp.bfloat16] * 3
+    assert accelerator_result.dtype == cpu_result.dtype == jnp.bfloat16
+    expected = np.asarray(cpu_result, np.float32)
+    assert np.abs(np.asarray(accelerator_result, np.float32) - expected).max() <= 2**-7 * np.abs(expected).max()

@@ -57,7 +57,7 @@ def cpu_conv(
     as nnx.Conv passes them (channels-last)."""
 
     def xla_conv():
-        return lax.conv_general_dilated(
+        return conv_general_dilated(
             lhs,
             rhs,
             window_strides,
@@ -122,6 +122,25 @@ def cpu_conv(
     return out.reshape(n, frames, *out.shape[1:])  # (N, T', H', W', O)
 
 
+def rounds_convolutions_itself() -> bool:
+    """Whether this backend's convolutions of low-precision operands accumulate in float32 and round once by
+    themselves, the bias with them where XLA fuses it into cuDNN's call: an accelerator's do. Asked for float32 out
+    of bfloat16, XLA's GPU compiler converts both operands and convolves in float32, at TF32's half rate and with
+    every activation twice the bytes (docs/performance.md, On a GPU). XLA:CPU convolves bfloat16 in float32 either
+    way, so there the models ask for float32 and round once as PyTorch's CPU convolutions do."""
+    return jax.default_backend() != "cpu"
+
+
+def conv_general_dilated(lhs, rhs, window_strides, padding, *, preferred_element_type=None, **kwargs):
+    """lax's convolution, in its operands' dtype where the backend rounds convolutions itself (plus_bias then adds
+    the bias in that dtype too)."""
+    if rounds_convolutions_itself():
+        preferred_element_type = None
+    return lax.conv_general_dilated(
+        lhs, rhs, window_strides, padding, preferred_element_type=preferred_element_type, **kwargs
+    )
+
+
 def depthwise_1d(lhs, taps, stride: int = 1):
     """lhs (N, W, C) through a filter per channel, taps (K, C), or one for all, (K,); unpadded (a correlation, as
     PyTorch's Conv1d grouped by channel), in float32: K strided slices weighted and summed, which XLA fuses into one
@@ -137,7 +156,7 @@ def prepadded_conv(lhs, rhs, window_strides, padding, **kwargs):
     """cpu_conv for convolutions whose input is padded before them (by replication or reflection): on a mesh, XLA's
     partitioner splits them (cpu_conv's width-halo exchange is for convolutions that zero-pad their own width)."""
     if not jax.sharding.get_abstract_mesh().empty:
-        return lax.conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
+        return conv_general_dilated(lhs, rhs, window_strides, padding, **kwargs)
     return cpu_conv(lhs, rhs, window_strides, padding, **kwargs)
 
 

@@ -18,5 +18,7 @@ def in_float32(activation):
 
 def plus_bias(y, bias, dtype):
     """A product accumulated in float32 (`preferred_element_type`) plus its bias, rounded once to `dtype`, as
-    PyTorch's convolutions and linear layers round theirs; no bias: the product, rounded."""
-    return (y if bias is None else y + bias.astype(jnp.float32)).astype(dtype)
+    PyTorch's convolutions and linear layers round theirs; no bias: the product, rounded. A product an accelerator
+    rounded itself (models/common/conv.py, rounds_convolutions_itself) takes its bias in its own dtype, which XLA adds
+    inside cuDNN's convolution, before its one rounding."""
+    return (y if bias is None else y + bias.astype(y.dtype)).astype(dtype)

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..common.conv import depthwise_1d
+from ..common.conv import conv_general_dilated, depthwise_1d
 from ..common.inputs import expect_spectrogram
 from ..common.layers_flax import Buffer, Conv
 from ..common.precision import plus_bias
@@ -52,7 +52,7 @@ class ConvTranspose1d(nnx.Module):
         self.bias = nnx.Param(jnp.zeros((out_channels,), param_dtype))
 
     def __call__(self, x):
-        y = jax.lax.conv_general_dilated(
+        y = conv_general_dilated(
             x, self.kernel[::-1].astype(x.dtype), (1,), [(self.edge, self.edge)], lhs_dilation=(self.stride,),
             dimension_numbers=DIMENSIONS, preferred_element_type=jnp.float32,
         )  # fmt: skip
