@@ -11,6 +11,7 @@ values. The models measured are the first model name of each VAE variant (conver
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import json
 import os
@@ -333,8 +334,10 @@ class CompileOnlyStep:
     of its output shapes go back into the trace. The cache of each step is laid out as the previous step's
     compiled outputs are, as in a real run."""
 
-    def __init__(self, step):
-        self.step, self.compiled, self.cache_layout = step, {}, {}
+    def __init__(self, step, device=None):
+        """`device`: the sharding of a step on no mesh (bench/program.py's compile-only GPU); None: the default."""
+        self.step, self.device, self.compiled, self.cache_layout = step, device, {}, {}
+        self.calls = collections.Counter()  # calls of each compiled step in the encode or decode
 
     def __call__(self, part, mesh, model, x, cache, inputs, keep_cache):
         import jax
@@ -348,9 +351,10 @@ class CompileOnlyStep:
             return jax.ShapeDtypeStruct(value.shape, value.dtype, sharding=sharding)
 
         replicated, activations = (
-            (NamedSharding(mesh, P()), NamedSharding(mesh, activation_spec(x.ndim))) if mesh else (None, None)
+            (NamedSharding(mesh, P()), NamedSharding(mesh, activation_spec(x.ndim))) if mesh else (self.device,) * 2
         )
         key = (part, tuple(x.shape), cache is None, keep_cache)
+        self.calls[key] += 1
         if key not in self.compiled:
             args = (
                 jax.tree.map(lambda v: spec(v, replicated), model),
@@ -384,8 +388,31 @@ def task_compile(model: str, layouts: list[str], smoke: bool, size: list[int] | 
 def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None = None) -> dict:
     """Per part: the step shapes, the compile time, XLA's memory analysis per device (the largest over the steps)
     and the causal cache (all devices)."""
+    result = {"batch": (LAYOUTS[layout] or (1,))[0]}
+    for part, video, recorder in compiled_steps(model, layout, smoke, size):
+        compiled = [c for c, _ in recorder.compiled.values()]
+        memory = [c.memory_analysis() for c in compiled]
+        frames, cache_bytes = max(_cache_frames(c.out_info) for c in compiled)
+        result[part] = {
+            "input": list(video.shape),
+            "steps": len(compiled),
+            "compile_seconds": sum(s for _, s in recorder.compiled.values()),
+            "max_step_compile_seconds": max(s for _, s in recorder.compiled.values()),
+            "argument_bytes": max(m.argument_size_in_bytes for m in memory),
+            "output_bytes": max(m.output_size_in_bytes for m in memory),
+            "temp_bytes": max(m.temp_size_in_bytes for m in memory),
+            "cache_frames": frames,
+            "cache_bytes": cache_bytes,
+            "gflop": sum(_flops(c) for c in compiled) / 1e9,
+        }
+    return result
+
+
+def compiled_steps(model: str, layout: str, smoke: bool, size=None, dtype: str = "float32", device=None):
+    """Yields (part, its input, the CompileOnlyStep that compiled its steps) for the encoder, then the decoder (which
+    takes the encoder's latent): the model's whole encode and decode of the family's native video in `layout`,
+    traced with its weights in `dtype`, each step compiled for `device` (a sharding; None: the default device)."""
     import jax
-    import numpy as np
     from flax import nnx
 
     from converter.models.common import steps_flax
@@ -395,7 +422,7 @@ def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None
 
     entry = get_model(model)
     config = config_from_dict(entry.family, {**entry.config, **(small_config(entry) if smoke else {})})
-    graphdef, abstract = nnx.split(TARGETS["flax"].empty_model(entry.family, config, "float32").model)
+    graphdef, abstract = nnx.split(TARGETS["flax"].empty_model(entry.family, config, dtype).model)
     mesh_shape = LAYOUTS[layout]
     mesh = jax.make_mesh(mesh_shape, ("dp", "tp"), devices=jax.devices()[:SIMULATED_DEVICES]) if mesh_shape else None
     batch = mesh_shape[0] if mesh_shape else 1  # a batch "dp" splits
@@ -408,7 +435,7 @@ def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None
         w = -(-w // (ratio * mesh_shape[1])) * ratio * mesh_shape[1]
     # channels-last, of the model's rank (an image's without frames)
     sizes = sizes if entry.family.frame_axis else []
-    video = jax.ShapeDtypeStruct((batch, *sizes, h, w, channels), np.float32)
+    video = jax.ShapeDtypeStruct((batch, *sizes, h, w, channels), dtype)
     inputs = decode_inputs(entry.family, config)
 
     def run(part, state, x):
@@ -419,31 +446,15 @@ def _compile_layout(model: str, layout: str, smoke: bool, size: list[int] | None
             vae.disable_tiling()
         return vae.encode(x, mesh=mesh)[0] if part == "encoder" else vae.decode(x, mesh=mesh, **inputs)
 
-    result = {"batch": batch}
     original = steps_flax.step
     try:
         for part in ("encoder", "decoder"):
-            steps_flax.step = recorder = CompileOnlyStep(original)
+            steps_flax.step = recorder = CompileOnlyStep(original, device)
             out = jax.eval_shape(functools.partial(run, part), abstract, video)
-            memory = [c.memory_analysis() for c, _ in recorder.compiled.values()]
-            flops = sum(_flops(c) for c, _ in recorder.compiled.values())
-            frames, cache_bytes = max(_cache_frames(c.out_info) for c, _ in recorder.compiled.values())
-            result[part] = {
-                "input": list(video.shape),
-                "steps": len(recorder.compiled),
-                "compile_seconds": sum(s for _, s in recorder.compiled.values()),
-                "max_step_compile_seconds": max(s for _, s in recorder.compiled.values()),
-                "argument_bytes": max(m.argument_size_in_bytes for m in memory),
-                "output_bytes": max(m.output_size_in_bytes for m in memory),
-                "temp_bytes": max(m.temp_size_in_bytes for m in memory),
-                "cache_frames": frames,
-                "cache_bytes": cache_bytes,
-                "gflop": flops / 1e9,
-            }
-            video = out  # the decoder takes the encoder's latent
+            yield part, video, recorder
+            video = out
     finally:
         steps_flax.step = original
-    return result
 
 
 def _flops(compiled) -> float:

@@ -77,6 +77,19 @@ def test_accelerator_table_smoke_mode(tmp_path):
     assert "| diffusers+compile | encode |" in (tmp_path / "accelerator-smoke.md").read_text()
 
 
+def test_a_programs_reading(tmp_path):
+    """bench/program.py compiles a model's every step without running it and reads the program (here the CPU's,
+    XLA's convolutions as the tests take them): both parts' kernels, the bytes they move, the convolutions by the
+    dtype they run in, float32 on a CPU for a bfloat16 model (models/common/conv.py)."""
+    _smoke("bench.program", tmp_path, "--platform", "cpu", "--models", "sd1.5", "--dtype", "bfloat16")
+    (row,) = json.loads((tmp_path / "program-smoke.json").read_text())["rows"].values()
+    assert set(row) == {"encoder", "decoder"}
+    for part in row.values():
+        assert part["steps"] == part["calls"] == 1 and sum(part["kernels"].values()) > 0
+        assert sum(part["bytes"].values()) > 0 and set(part["convolutions"]) == {"f32"}
+    assert "| sd1.5 | bfloat16 | decoder |" in (tmp_path / "program-smoke.md").read_text()
+
+
 def test_accelerator_table_stops_when_its_budget_is_spent(tmp_path):
     """--budget: once its seconds are spent no task starts, and the row says so in both files (a lease's end)."""
     _smoke("bench.accelerator", tmp_path, "--budget", "0")

@@ -12,15 +12,22 @@ from jax.sharding import PartitionSpec as P
 
 from .sharding import traced_mesh
 
-ATTENTION_BLOCK = 1024  # tokens per query and key block
+
+def attention_block() -> int:
+    """Tokens per query and key block: 1024 on a CPU; 4096 on an accelerator, where each pair of blocks is a handful
+    of kernels run one after another (Flax's Flux.2 decode at 1024x1024 compiled for an H200: 3,367 kernels with
+    blocks of 1024, 607 with 4096, by bench/program.py) and a block's float32 scores, 64 MB, are small against its
+    memory."""
+    return 1024 if jax.default_backend() == "cpu" else 4096
 
 
-def blocked_attention(q, k, v, frames: int = 1, block: int = ATTENTION_BLOCK):
+def blocked_attention(q, k, v, frames: int = 1, block: int | None = None):
     """softmax(q k^T / sqrt(C)) v of (B, N, C) queries and (B, M, C) keys and values. With `frames` > 1 (then M = N,
     self-attention), the tokens are `frames` frames in order and a token sees those of its own and earlier frames
     (diffusers' prepare_causal_attention_mask, built from frame indices). The first key block holds first-frame
     tokens, which every query sees, so no row is ever all masked."""
     b, n, c = q.shape
+    block = block or attention_block()
 
     def frames_in_blocks(count, padding_frame):  # (blocks, block) frame indices of `count` tokens, padded
         size = min(block, count)  # fewer tokens than a block: one block of them, unpadded

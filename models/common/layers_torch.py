@@ -41,7 +41,7 @@ def channels_last_1d(x, call):
     return call(x.transpose(1, 2)).transpose(1, 2)
 
 
-ATTENTION_BLOCK = 1024  # queries a step of the frame-causal attention scores at once (as models/common/attention.py)
+ATTENTION_BLOCK = 1024  # queries a step of the frame-causal scores at once (as models/common/attention.py on a CPU)
 
 
 @torch.library.custom_op("vae_convert::frame_causal_attention", mutates_args=())

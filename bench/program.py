@@ -1,0 +1,234 @@
+"""What XLA would run for a VAE's encode and decode on an NVIDIA H200, read on a machine without one: every step of
+the family's native video (or image) traced as a user's run traces it and compiled for the GPU that
+bench/h200.txtpb describes (XLA's GpuTargetConfigProto, written from the H200's published figures) by JAX's CUDA
+plugin, which compiles without a GPU or CUDA. From each optimised program: its kernels, its convolutions by the
+dtype they run in, and the bytes every kernel reads and writes, added over the calls of the whole encode or decode,
+with the time those bytes take at the device's bandwidth: a floor, with no overlap and no cache. A GPU's program
+can be compared and changed between leases; its time waits for one (bench/accelerator.py).
+
+    pip install jax-cuda12-plugin==<JAX's version> jax-cuda12-pjrt==<JAX's version>   # no GPU or CUDA needed
+    python -m bench.program --models flux.2-dev ltx-video --dtype bfloat16
+    python -m bench.program --smoke --platform cpu   # the host's own program, small widths (the tests run it)
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import re
+import sys
+import time
+from pathlib import Path
+
+from bench.run import REPO, compiled_steps
+
+TARGET_CONFIG = Path(__file__).with_name("h200.txtpb")
+BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "f32": 4, "s64": 8, "f64": 8}
+SHAPE = re.compile(r"\b(" + "|".join(BYTES) + r")\[([\d,]*)\]")
+INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.+?) ([\w-]+)\((.*)$")
+# what no kernel runs for: names for buffers, or XLA's control flow (a loop's body is read in its place)
+NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "after-all", "partition-id"}
+
+
+def _bytes(shape: str) -> int:
+    """The bytes of an HLO shape, a tuple's added up."""
+    return sum(BYTES[t] * math.prod(int(d) for d in dims.split(",") if d) for t, dims in SHAPE.findall(shape))
+
+
+def _computations(text: str) -> dict[str, list[str]]:
+    """An HLO module's computations by name, each its instruction lines."""
+    computations, name = {}, None
+    for line in text.splitlines():
+        header = re.match(r"^(?:ENTRY )?%(\S+) .*\{$", line)
+        if header:
+            name = header.group(1)
+            computations[name] = []
+        elif name and line.startswith("  "):
+            computations[name].append(line)
+    computations["ENTRY"] = computations[re.search(r"^ENTRY %(\S+) ", text, re.M).group(1)]
+    return computations
+
+
+def _sliced(fused: list[str], operands: list[int], written: int) -> int:
+    """A fused kernel's bytes written, its operands' bytes read set in place (`operands`, by parameter number): a
+    parameter it takes a dynamic slice of is read as the slice, and the buffer a dynamic-update-slice writes into
+    in place is neither read nor written but for the update."""
+    parameters = {}
+    for line in fused:
+        match = INSTRUCTION.match(line)
+        if not match:
+            continue
+        name, shape, op, rest = match.groups()
+        if op == "parameter":
+            parameters[name] = int(rest.split(")")[0])
+        elif op in ("dynamic-slice", "dynamic-update-slice"):
+            first, *others = re.findall(r"%([\w.-]+)", rest.split("), ")[0])
+            if first in parameters and op == "dynamic-slice":
+                operands[parameters[first]] = min(operands[parameters[first]], _bytes(shape))
+            elif first in parameters:
+                update = next((INSTRUCTION.match(i) for i in fused if i.lstrip().startswith(f"%{others[0]} ")), None)
+                update_bytes = _bytes(update.group(2)) if update else 0
+                written, operands[parameters[first]] = update_bytes, 0
+    return written
+
+
+def read_program(text: str) -> dict:
+    """One compiled step's kernels, convolutions by the dtype of their result, and the bytes its kernels read and
+    write, a loop's body counted once per trip (XLA's known trip count)."""
+    computations = _computations(text)
+    kernels, convolutions, moved = collections.Counter(), collections.Counter(), collections.Counter()
+
+    def walk(name: str, times: int):
+        sizes = {}
+        for line in computations[name]:
+            match = INSTRUCTION.match(line)
+            if not match:
+                continue
+            result, shape, op, rest = match.groups()
+            sizes[result] = _bytes(shape)
+            if op == "while":
+                body = re.search(r"body=%([^,\s]+)", rest).group(1)
+                trips = re.search(r'"known_trip_count":\{"n":"(\d+)"\}', rest)
+                walk(body, times * int(trips.group(1) if trips else 1))
+                continue
+            if op in NOT_KERNELS:
+                continue
+            kind = re.search(r"kind=(\w+)", rest) if op == "fusion" else None
+            target = re.search(r'custom_call_target="([^"]+)"', rest)
+            label = kind.group(1) if kind else (target.group(1) if target else op)
+            kernels[label] += times
+            operands = [sizes.get(o, 0) for o in re.findall(r"%([\w.-]+)", rest.split("), ")[0])]
+            called = re.search(r"calls=%([^,\s]+)", rest)
+            written = sizes[result]
+            if called:
+                written = _sliced(computations[called.group(1)], operands, written)
+            moved[label] += times * (written + sum(operands))
+            # a convolution: cuDNN's call, XLA's own instruction, or one inside a fused kernel
+            if target and "conv" in target.group(1).lower():
+                shapes = [shape]
+            else:
+                inside = [INSTRUCTION.match(i) for i in computations.get(called.group(1), [])] if called else []
+                shapes = [m.group(2) for m in inside if m and m.group(3) == "convolution"]
+                shapes += [shape] if op == "convolution" else []
+            for convolution in shapes:
+                convolutions[SHAPE.search(convolution).group(1)] += times
+
+    walk("ENTRY", 1)
+    return {"kernels": dict(kernels), "convolutions": dict(convolutions), "bytes": dict(moved)}
+
+
+def _added(programs: list[tuple[dict, int]]) -> dict:
+    """The steps' readings, each times its calls."""
+    total = {"kernels": collections.Counter(), "convolutions": collections.Counter(), "bytes": collections.Counter()}
+    for program, calls in programs:
+        for key, counts in total.items():
+            counts.update({k: v * calls for k, v in program[key].items()})
+    return {k: dict(v) for k, v in total.items()}
+
+
+def _target_device(platform: str):
+    """The sharding a step compiles for: the H200 XLA's CUDA compiler is told of, or the host's first device."""
+    import jax
+
+    if platform == "cpu":
+        return None
+    from jax.experimental import topologies
+
+    topology = topologies.get_topology_desc("h200", platform, target_config=TARGET_CONFIG.read_text(), topology="1x1x1")
+    return jax.sharding.SingleDeviceSharding(topology.devices[0])
+
+
+def _bandwidth() -> float:
+    """The H200's memory bandwidth in bytes a second, as its description gives it."""
+    return float(re.search(r"memory_bandwidth: (\d+)", TARGET_CONFIG.read_text()).group(1))
+
+
+def measure(model: str, dtype: str, platform: str, smoke: bool, tiled: bool, size=None) -> dict:
+    """{part: its input, steps, calls and reading} of one model's encode and decode, compiled for `platform`."""
+    import jax
+
+    device = _target_device(platform)
+    default_backend = jax.default_backend
+    if platform != "cpu":  # the models pick their routes by the backend they are traced for (models/common/conv.py)
+        jax.default_backend = lambda: "gpu"
+    try:
+        result = {}
+        layout = "tiled" if tiled else "one device"
+        for part, video, recorder in compiled_steps(model, layout, smoke, size, dtype, device):
+            programs = [(read_program(c.as_text()), recorder.calls[key]) for key, (c, _) in recorder.compiled.items()]
+            result[part] = {
+                "input": list(video.shape),
+                "steps": len(programs),
+                "calls": sum(recorder.calls.values()),
+                **_added(programs),
+            }
+        return result
+    finally:
+        jax.default_backend = default_backend
+
+
+def markdown(results: dict) -> str:
+    bandwidth = _bandwidth() if results["platform"] != "cpu" else None
+    lines = [
+        f"Compiled for {results['target']} on {results['host']}; {results['date']}; {results['versions']}.",
+        "",
+        "| model | dtype | part | input | steps, calls | kernels | convolutions | GB moved | at the bandwidth |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for (model, dtype), parts in ((tuple(k.split(" ")), v) for k, v in results["rows"].items()):
+        for part, r in parts.items():
+            moved = sum(r["bytes"].values())
+            convolutions = ", ".join(f"{n} {t}" for t, n in sorted(r["convolutions"].items())) or "-"
+            floor = f"{moved / bandwidth * 1e3:.1f} ms" if bandwidth else "-"
+            lines.append(
+                f"| {model} | {dtype} | {part} | {tuple(r['input'])} | {r['steps']}, {r['calls']} | "
+                f"{sum(r['kernels'].values()):,} | {convolutions} | {moved / 1e9:.2f} | {floor} |"
+            )
+    lines += [
+        "",
+        "steps, calls = the distinct steps compiled and how many times the encode or decode calls them; kernels = "
+        "the kernels of those calls (a loop's body once per trip); convolutions = by the dtype they compute in; GB "
+        "moved = the bytes those kernels read and write; at the bandwidth = that over the device's memory bandwidth "
+        "(a floor: no overlap, no cache).",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="*", default=["flux.2-dev"])
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda", help="cpu: the host's own program")
+    parser.add_argument("--size", nargs=2, type=int, metavar=("H", "W"), help="another height and width")
+    parser.add_argument("--tiled", action="store_true", help="in the model's tiles")
+    parser.add_argument("--smoke", action="store_true", help="small widths and a small video")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args()
+    import platform
+
+    import jax
+
+    results = {
+        "target": "an NVIDIA H200 (bench/h200.txtpb)" if args.platform == "cuda" else "this CPU",
+        "platform": args.platform,
+        "host": f"{platform.machine()}, no GPU" if args.platform == "cuda" else platform.machine(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "versions": f"JAX {jax.__version__}",
+        "rows": {},
+    }
+    for model in args.models:
+        print(f"compiling {model} ...", file=sys.stderr)
+        results["rows"][f"{model} {args.dtype}"] = measure(
+            model, args.dtype, args.platform, args.smoke, args.tiled, args.size
+        )
+    name = "program-smoke" if args.smoke else f"program-{args.platform}"
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / f"{name}.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
