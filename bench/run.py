@@ -416,6 +416,7 @@ def compiled_steps(model: str, layout: str, smoke: bool, size=None, dtype: str =
     from flax import nnx
 
     from converter.models.common import steps_flax
+    from converter.models.common.protocol import encoded
     from converter.registry import config_from_dict, get_model, small_config
     from converter.targets import TARGETS
     from converter.validate import decode_inputs
@@ -444,7 +445,7 @@ def compiled_steps(model: str, layout: str, smoke: bool, size=None, dtype: str =
             vae.enable_tiling()
         else:  # whole frames, whatever the family's default (MiniMax-H3 tiles unless told not to)
             vae.disable_tiling()
-        return vae.encode(x, mesh=mesh)[0] if part == "encoder" else vae.decode(x, mesh=mesh, **inputs)
+        return encoded(vae.encode(x, mesh=mesh))[0] if part == "encoder" else vae.decode(x, mesh=mesh, **inputs)
 
     original = steps_flax.step
     try:

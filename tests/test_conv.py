@@ -174,8 +174,8 @@ def test_a_width_split_layer_exchanges_its_halo_once():
 
 
 def _bfloat16_layers():
-    """A bfloat16 3x3 layer with a bias as each target runs it: the Flax models' Conv, and torchax's lowering of
-    PyTorch's convolution (channels-first)."""
+    """A bfloat16 3x3 layer with a bias as each target runs it: the Flax models' Conv (XLA's convolution, or
+    cpu_conv's routes), and torchax's lowering of PyTorch's convolution (channels-first)."""
     import jax.numpy as jnp
     from flax import nnx
 
@@ -185,12 +185,16 @@ def _bfloat16_layers():
     rng = np.random.default_rng(0)
     kernel = jnp.asarray(rng.standard_normal((3, 3, 8, 16)) / 8, jnp.bfloat16)
     bias = jnp.asarray(rng.standard_normal(16), jnp.bfloat16)
-    flax_conv = Conv(8, 16, (3, 3), padding=((1, 1), (1, 1)), rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16)
-    flax_conv.kernel[...], flax_conv.bias[...] = kernel, bias
-    flax_conv.conv_general_dilated = cpu_conv
+
+    def flax_conv(**route):
+        layer = Conv(8, 16, (3, 3), padding=((1, 1), (1, 1)), rngs=nnx.Rngs(0), param_dtype=jnp.bfloat16, **route)
+        layer.kernel[...], layer.bias[...] = kernel, bias
+        return layer
+
     weight = kernel.transpose(3, 2, 0, 1)  # (O, I, kH, kW)
     return {
-        "flax": (flax_conv, (1, 6, 10, 8)),
+        "flax": (flax_conv(), (1, 6, 10, 8)),
+        "flax, the CPU's routes": (flax_conv(conv_general_dilated=cpu_conv), (1, 6, 10, 8)),
         "torchax": (
             lambda x: torchax_runtime._jax_convolution(x, weight, bias, (1, 1), (1, 1), (1, 1), False, (0, 0), 1),
             (1, 8, 6, 10),
@@ -198,7 +202,7 @@ def _bfloat16_layers():
     }
 
 
-@pytest.mark.parametrize("target", ["flax", "torchax"])
+@pytest.mark.parametrize("target", ["flax", "flax, the CPU's routes", "torchax"])
 def test_an_accelerator_convolves_bfloat16_in_bfloat16(target, monkeypatch):
     """Off the CPU a bfloat16 layer convolves in bfloat16 with its bias added there, which cuDNN accumulates and adds
     in float32 and rounds once (asked for float32 out of bfloat16, XLA's GPU compiler converts both operands and

@@ -7,6 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import blocked_attention
+from .conv import conv_general_dilated
 from .group_norm import group_norm
 from .precision import in_float32
 
@@ -33,7 +34,10 @@ class _RoundedOnce:
 
 
 class Conv(_RoundedOnce, nnx.Conv):
-    """nnx.Conv, rounded once."""
+    """nnx.Conv, rounded once, by conv.py's convolution unless given another (as an accelerator rounds it)."""
+
+    def __init__(self, *args, conv_general_dilated=conv_general_dilated, **kwargs):
+        super().__init__(*args, conv_general_dilated=conv_general_dilated, **kwargs)
 
 
 class Linear(_RoundedOnce, nnx.Linear):
