@@ -55,22 +55,21 @@ def _sliced(fused: list[str], operands: list[int], written: int) -> int:
     """A fused kernel's bytes written, its operands' bytes read set in place (`operands`, by parameter number): a
     parameter it takes a dynamic slice of is read as the slice, and the buffer a dynamic-update-slice writes into
     in place is neither read nor written but for the update."""
-    parameters = {}
+    parameters, sizes = {}, {}
     for line in fused:
         match = INSTRUCTION.match(line)
         if not match:
             continue
         name, shape, op, rest = match.groups()
+        sizes[name] = _bytes(shape)
         if op == "parameter":
             parameters[name] = int(rest.split(")")[0])
         elif op in ("dynamic-slice", "dynamic-update-slice"):
             first, *others = re.findall(r"%([\w.-]+)", rest.split("), ")[0])
             if first in parameters and op == "dynamic-slice":
                 operands[parameters[first]] = min(operands[parameters[first]], _bytes(shape))
-            elif first in parameters:
-                update = next((INSTRUCTION.match(i) for i in fused if i.lstrip().startswith(f"%{others[0]} ")), None)
-                update_bytes = _bytes(update.group(2)) if update else 0
-                written, operands[parameters[first]] = update_bytes, 0
+            elif first in parameters:  # the update is defined before it
+                written, operands[parameters[first]] = sizes.get(others[0], 0), 0
     return written
 
 
