@@ -27,8 +27,6 @@ from jax import lax
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
-from .precision import plus_bias
-
 # Options for compiling the models' steps. XLA:CPU hands convolutions to YNNPACK by default; with that off it runs
 # them with its Eigen kernels, which are faster for these layers (docs/performance.md, Design decisions). An
 # xla_cpu_* option is read by the CPU compiler only.
@@ -361,48 +359,3 @@ def winograd_conv(lhs, rhs, width_padding=(1, 1), precision=None, preferred_elem
     out = jnp.stack([_combine(_AT[e], products) for e in range(_TILE)], axis=2)  # (N, tiles, 2, T', W', O)
     out = out.transpose(0, 3, 1, 2, 4, 5).reshape(n, frames, tiles * _TILE, out.shape[-2], o)
     return out[:, :, :out_h]
-
-
-# An upsampler's output pixel (2i + a, 2j + b) reads input rows i - 1 + a and i + a (and columns likewise): phase a
-# of the 3x3 kernel is 2 rows, each the sum of the kernel's rows that fall on one input row, and its input is padded
-# by a row above (a = 0) or below (a = 1).
-_PHASE_ROWS = (((0,), (1, 2)), ((0, 1), (2,)))
-_PHASE_PADDING = ((1, 0), (0, 1))
-
-
-def upsampled_conv(x, kernel, bias, dtype, conv=cpu_conv):
-    """The 3x3 convolution (stride 1, a zero around) by kernel (3, 3, C, O), plus bias (O,) or None, of x (..., H, W,
-    C) upsampled by 2 (nearest) in height and width, as the upsamplers of diffusers' decoders compute it, rounded
-    once to `dtype`: as four 2x2 convolutions of x itself, one per output phase, interleaved. 16 products per input
-    pixel where the upsampled input takes 36 (24 by Winograd), and the upsampled input is never made.
-    Each phase's kernel sums the taps that read one input pixel: in float32 where the CPU convolves (float32 either
-    way), so a bfloat16 layer's sums are exact; an accelerator convolves bfloat16 (`rounds_convolutions_itself`),
-    and there they are rounded to it once."""
-    *batch, h, w, c = x.shape
-    compute = x.dtype if rounds_convolutions_itself() else jnp.promote_types(x.dtype, jnp.float32)
-    x = x.reshape(-1, h, w, c).astype(compute)
-    kernel = kernel.astype(jnp.float32)
-
-    def summed(k, taps, axis):  # k's taps along `axis` grouped and summed: 3 -> 2
-        return jnp.stack([sum(jnp.take(k, t, axis=axis) for t in group) for group in taps], axis=axis)
-
-    phases = [
-        [
-            plus_bias(
-                conv(
-                    x,
-                    summed(summed(kernel, _PHASE_ROWS[a], 0), _PHASE_ROWS[b], 1).astype(compute),
-                    (1, 1),
-                    (_PHASE_PADDING[a], _PHASE_PADDING[b]),
-                    dimension_numbers=("NHWC", "HWIO", "NHWC"),
-                    preferred_element_type=jnp.float32,
-                ),
-                bias,
-                dtype,
-            )
-            for b in range(2)
-        ]
-        for a in range(2)
-    ]  # each (N, H, W, O), its bias added before it is rounded (on an accelerator, inside the convolution's call)
-    y = jnp.stack([jnp.stack(row, axis=3) for row in phases], axis=2)  # (N, H, a, W, b, O)
-    return y.reshape(*batch, 2 * h, 2 * w, y.shape[-1])
