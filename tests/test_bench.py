@@ -131,9 +131,15 @@ def _counted_by_hooks(model, call) -> float:
     return total / 1e9
 
 
-# an image VAE with attention in its mid-block, and one of convolutions alone; latent and image sizes not square
+# an image VAE with attention in its mid-block, one of convolutions alone, and a video VAE whose attention is masked
+# by frame (the project's own op); latent and image sizes not square
 @pytest.mark.parametrize(
-    "model_name, latent, image", [("sd1.5", [1, 4, 6, 4], [1, 3, 48, 32]), ("taesd", [1, 4, 8, 12], [1, 3, 64, 96])]
+    "model_name, latent, image",
+    [
+        ("sd1.5", [1, 4, 6, 4], [1, 3, 48, 32]),
+        ("taesd", [1, 4, 8, 12], [1, 3, 64, 96]),
+        ("hunyuanvideo", [1, 4, 3, 4, 6], [1, 3, 9, 32, 48]),
+    ],
 )
 def test_the_operations_counted_are_those_diffusers_model_runs(model_name, latent, image):
     import diffusers
