@@ -7,14 +7,24 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def pad_edges(x, pads):
-    """x (B, C, T, H, W) padded by repeating its edge frames, rows and columns: `pads` is (before, after) for T, H
-    and W. Padded channels-last, the layout the convolutions read under torchax (converter/torchax_runtime.py): XLA
-    then materialises the padded input as they read it, not transposed."""
+def pad_edges(x, pads, reflections=((0, 0), (0, 0), (0, 0))):
+    """x (B, C, T, H, W) padded by repeating its edge frames, rows and columns (`pads`), then by reflecting them
+    without repeating the edge, as F.pad's reflect mode (`reflections`): each (before, after) for T, H and W. Padded
+    channels-last, the layout the convolutions read under torchax (converter/torchax_runtime.py): XLA then
+    materialises the padded input as they read it, not transposed."""
     last = x.permute(0, 2, 3, 4, 1)
     for axis, (before, after) in enumerate(pads, start=1):
         if before or after:
             last = torch.cat([edge_copies(last, axis, 0, before), last, edge_copies(last, axis, -1, after)], dim=axis)
+    for axis, (before, after) in enumerate(reflections, start=1):
+        if before or after:
+            n = last.shape[axis]
+            mirrored = (
+                last.narrow(axis, 1, before).flip(axis),
+                last,
+                last.narrow(axis, n - 1 - after, after).flip(axis),
+            )
+            last = torch.cat(mirrored, dim=axis)
     return last.permute(0, 4, 1, 2, 3)
 
 

@@ -43,27 +43,22 @@ def depth_to_space(x, stride):
 
 
 class LTXVideoCausalConv3d(nn.Module):
-    """Conv3d padded in time by repeating edge frames and in space with zeros or by reflection (the conv's own
-    padding), as `style` says (config.ConvStyle)."""
+    """Conv3d padded in time by repeating edge frames and in space with zeros (the conv's own padding) or by
+    reflection, as `style` says (config.ConvStyle)."""
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, *, style: ConvStyle):
         super().__init__()
         self.kernel_size = kernel_size
         self.causal = style.causal
         pad = kernel_size // 2
-        self.conv = nn.Conv3d(
-            in_channels,
-            out_channels,
-            kernel_size,
-            stride,
-            padding=(0, pad, pad),
-            padding_mode="reflect" if style.padding == "reflect" else "zeros",
-        )
+        self.reflection = pad if style.padding == "reflect" else 0
+        spatial = pad - self.reflection
+        self.conv = nn.Conv3d(in_channels, out_channels, kernel_size, stride, padding=(0, spatial, spatial))
 
     def forward(self, x):
-        k = self.kernel_size
+        k, r = self.kernel_size, self.reflection
         front, back = (k - 1, 0) if self.causal else ((k - 1) // 2, (k - 1) // 2)
-        return self.conv(pad_edges(x, ((front, back), (0, 0), (0, 0))))
+        return self.conv(pad_edges(x, ((front, back), (0, 0), (0, 0)), reflections=((0, 0), (r, r), (r, r))))
 
 
 class TimestepEmbedding(nn.Module):
