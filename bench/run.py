@@ -61,6 +61,14 @@ def cases(smoke: bool, names: list[str] | None = None) -> dict:
     return result
 
 
+def scaled(shapes: tuple, factor: int) -> tuple:
+    """A video row's (latent, video) `factor` times as high and wide; any other row as it is."""
+    latent, video = shapes
+    if factor == 1 or video is None or len(video) != 5:
+        return shapes
+    return tuple((*s[:-2], *(side * factor for side in s[-2:])) for s in (latent, video))
+
+
 # -- measurements, each run in its own process via `python -m bench.run --task ...` --------------------------
 
 
@@ -921,11 +929,20 @@ def main():
     parser.add_argument("--compile-only", action="store_true", help="only the compile-only rows (no weights)")
     parser.add_argument("--steady-only", action="store_true", help="only the steady calls: each family's rate")
     parser.add_argument(
+        "--spatial-scale",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with --steady-only: the video rows' latent and video K times as high and wide (rates past fixed costs)",
+    )
+    parser.add_argument(
         "--compile-size", nargs=2, type=int, metavar=("HEIGHT", "WIDTH"), help="compile-only rows at this size"
     )
     args = arguments_or_task(parser, TASKS)
     if args is None:
         return
+    if args.spatial_scale > 1 and not args.steady_only:
+        parser.error("--spatial-scale goes with --steady-only")
     with tempfile.TemporaryDirectory(prefix="vae-convert-bench-") as work:
         results = {
             "device": _device(),
@@ -937,7 +954,9 @@ def main():
         # the matrix rate measured before and after each model, its own the better of its two: one measurement
         # alone has been seen a third low on this machine's slower minutes
         rate_before = None if args.smoke else _task("matmul_rate")
-        measured = cases(args.smoke, args.models)
+        measured = {
+            model: scaled(shapes, args.spatial_scale) for model, shapes in cases(args.smoke, args.models).items()
+        }
         for model in measured:
             print(f"measuring {model} ...", file=sys.stderr)
             layouts = args.layouts if args.layouts is not None else SMOKE_LAYOUTS if args.smoke else list(LAYOUTS)
@@ -956,6 +975,7 @@ def main():
             # written after each model: a long run that stops keeps what it measured
             args.out.mkdir(parents=True, exist_ok=True)
             name = "steady" if args.steady_only else "smoke" if args.smoke else "latest"
+            name += f"-x{args.spatial_scale}" if args.spatial_scale > 1 else ""
             (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
             (args.out / f"{name}.md").write_text(markdown(results))
     print(markdown(results))
