@@ -7,24 +7,26 @@ import torch.nn.functional as F
 from torch import nn
 
 
-def pad_edges(x, pads, reflections=((0, 0), (0, 0), (0, 0))):
-    """x (B, C, T, H, W) padded by repeating its edge frames, rows and columns (`pads`), then by reflecting them
-    without repeating the edge, as F.pad's reflect mode (`reflections`): each (before, after) for T, H and W. Padded
-    channels-last, the layout the convolutions read under torchax (converter/torchax_runtime.py): XLA then
-    materialises the padded input as they read it, not transposed."""
+def pad_edges(x, pads):
+    """x (B, C, T, H, W) padded by repeating its edge frames, rows and columns: `pads` is (before, after) for T, H
+    and W. Padded channels-last, the layout the convolutions read under torchax (converter/torchax_runtime.py): XLA
+    then materialises the padded input as they read it, not transposed."""
     last = x.permute(0, 2, 3, 4, 1)
     for axis, (before, after) in enumerate(pads, start=1):
         if before or after:
             last = torch.cat([edge_copies(last, axis, 0, before), last, edge_copies(last, axis, -1, after)], dim=axis)
-    for axis, (before, after) in enumerate(reflections, start=1):
-        if before or after:
-            n = last.shape[axis]
-            mirrored = (
-                last.narrow(axis, 1, before).flip(axis),
-                last,
-                last.narrow(axis, n - 1 - after, after).flip(axis),
-            )
-            last = torch.cat(mirrored, dim=axis)
+    return last.permute(0, 4, 1, 2, 3)
+
+
+def pad_channels_last(x, spatial=(0, 0, 0, 0), mode="constant", frames_before=0):
+    """F.pad of x (B, C, T, H, W) by `spatial` (left, right, top, bottom, as F.pad lists them) in `mode`, then by
+    `frames_before` zero frames in front, computed channels-last as pad_edges is: padded channels-first, XLA wrote
+    each padded input out and the convolution read it transposed."""
+    last = x.permute(0, 2, 3, 4, 1)
+    if any(spatial):
+        last = F.pad(last, (0, 0, *spatial), mode=mode)
+    if frames_before:
+        last = F.pad(last, (0, 0, 0, 0, 0, 0, frames_before, 0))
     return last.permute(0, 4, 1, 2, 3)
 
 

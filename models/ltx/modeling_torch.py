@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_video
-from ..common.layers_torch import pad_edges, rms_norm
+from ..common.layers_torch import pad_channels_last, pad_edges, rms_norm
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import STRIDES, ConvStyle, DownLevel, LTXVideoTiling, LTXVideoVAEConfig, UpLevel
@@ -58,7 +58,8 @@ class LTXVideoCausalConv3d(nn.Module):
     def forward(self, x):
         k, r = self.kernel_size, self.reflection
         front, back = (k - 1, 0) if self.causal else ((k - 1) // 2, (k - 1) // 2)
-        return self.conv(pad_edges(x, ((front, back), (0, 0), (0, 0)), reflections=((0, 0), (r, r), (r, r))))
+        x = pad_edges(x, ((front, back), (0, 0), (0, 0)))
+        return self.conv(pad_channels_last(x, (r,) * 4, "reflect") if r else x)
 
 
 class TimestepEmbedding(nn.Module):

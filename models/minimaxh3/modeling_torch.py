@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_video
-from ..common.layers_torch import GroupNorm
+from ..common.layers_torch import GroupNorm, pad_channels_last
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .clips import MiniMaxH3Tiling, decode_in_chunks, encode_in_clips, rope_angles
@@ -38,10 +38,8 @@ class MiniMaxH3VideoCausalConv3d(nn.Conv3d):
         self.mode = PADDING_MODES.get(spatial_padding_mode, spatial_padding_mode)
 
     def forward(self, x):
-        if self.spatial_padding:
-            x = F.pad(x, (self.spatial_padding,) * 4 + (0, 0), mode=self.mode)
-        if self.temporal_padding:
-            x = F.pad(x, (0, 0, 0, 0, self.temporal_padding, 0))
+        if self.spatial_padding or self.temporal_padding:
+            x = pad_channels_last(x, (self.spatial_padding,) * 4, self.mode, self.temporal_padding)
         return super().forward(x)
 
 
@@ -83,7 +81,7 @@ class MiniMaxH3VideoDownsample3d(nn.Module):
 
     def forward(self, x):
         if self.spatial_stride == 2:
-            x = F.pad(x, (0, 1, 0, 1, 0, 0), mode=self.mode)
+            x = pad_channels_last(x, (0, 1, 0, 1), self.mode)
         return self.conv(x)
 
 
