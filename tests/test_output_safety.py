@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -80,28 +81,48 @@ def test_force_replaces_an_empty_folder_and_an_earlier_output(wan_small, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier", "empty"]
 
 
+# the real CLI, whose final rename waits until --out has appeared: the run it races has committed first
+_COMMITS_SECOND = """
+import sys, time
+from converter import output
+from converter.__main__ import main
+
+commit = output.OutputFolder.commit
+
+
+def commit_once_out_exists(self):
+    deadline = time.monotonic() + 300
+    while not self.out.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    commit(self)
+
+
+output.OutputFolder.commit = commit_once_out_exists
+sys.argv[0] = "vae-convert"
+main()
+"""
+
+
 def test_two_runs_racing_to_one_out(wan_small, tmp_path):
-    """Both pass the start-up check; whichever commits second must not replace the first one's output."""
+    """Both pass the start-up check; whichever commits second must not replace the first one's output. The order is
+    forced: left to the scheduler, the second run often starts after the first is done and is refused at start-up."""
     source, _ = wan_small
     out = tmp_path / "out"
-    runs = {
-        target: subprocess.Popen(
-            [sys.executable, "-m", "converter", "wan2.1", "--source", str(source), "--to", target, "--out", str(out)]
-            + ["--no-validate"],  # the race is at the final rename; validating would only make both runs longer
-            cwd=REPO,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for target in ("flax", "torchax")
-    }
-    results = {target: (run.wait(timeout=300), run.stderr.read()) for target, run in runs.items()}
-    winners = [t for t, (code, _) in results.items() if code == 0]
-    losers = [t for t, (code, _) in results.items() if code != 0]
-    assert len(winners) == 1 and len(losers) == 1, results
-    code, stderr = results[losers[0]]
-    assert code == OutputError.exit_code and "another run wrote" in stderr, stderr
-    assert manifest(out)["target"] == winners[0]
+    args = ["--source", str(source), "--out", str(out), "--no-validate"]  # the race is at the final rename
+    second = subprocess.Popen(
+        [sys.executable, "-c", _COMMITS_SECOND, "wan2.1", "--to", "torchax", *args],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    while not any(p.name.startswith(".out.tmp-") for p in tmp_path.iterdir()):  # past its start-up check
+        assert second.poll() is None, second.communicate()
+        time.sleep(0.05)
+    run_cli("wan2.1", "--to", "flax", *args)
+    _, stderr = second.communicate(timeout=300)
+    assert second.returncode == OutputError.exit_code and "another run wrote" in stderr, stderr
+    assert manifest(out)["target"] == "flax"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
