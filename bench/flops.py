@@ -52,14 +52,21 @@ def encoded_shape(model: str, sample: list[int], small: bool = False) -> list[in
 @functools.cache  # once a process: PyTorch refuses a second formula for an op
 def _count_own_ops():
     """FlopCounterMode counts the project's own PyTorch ops (models/common/layers_torch.py) as the reference runs what
-    they stand for: the frame-causal attention as diffusers' masked attention over every token (on the meta device
-    an op of ours runs no ATen op inside, and would count nothing)."""
+    they stand for: the upsamplers' convolution as diffusers' convolution of the upsampled input, the frame-causal
+    attention as diffusers' masked attention over every token (on the meta device an op of ours runs no ATen op
+    inside, and would count nothing)."""
     import torch
-    from torch.utils.flop_counter import register_flop_formula, sdpa_flop_count
+    from torch.utils.flop_counter import conv_flop_count, register_flop_formula, sdpa_flop_count
 
     from converter.models.common import layers_torch  # noqa: F401  (registers the ops)
 
-    @register_flop_formula(torch.ops.vae_convert.frame_causal_attention)
+    ops = torch.ops.vae_convert
+
+    @register_flop_formula(ops.upsampled_conv2d)
+    def _(x_shape, w_shape, bias_shape, *, out_shape, **kwargs):
+        return conv_flop_count([*x_shape[:2], 2 * x_shape[2], 2 * x_shape[3]], w_shape, out_shape)
+
+    @register_flop_formula(ops.frame_causal_attention)
     def _(q_shape, k_shape, v_shape, frames, *, out_shape, **kwargs):  # (B, N, C): one head
         return sdpa_flop_count(*([shape[0], 1, *shape[1:]] for shape in (q_shape, k_shape, v_shape)))
 

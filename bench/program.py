@@ -29,6 +29,8 @@ BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "
 SHAPE = re.compile(r"\b(" + "|".join(BYTES) + r")\[([\d,]*)\]")
 INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.+?) ([\w-]+)\((.*)$")
 # what no kernel runs for: names for buffers, or XLA's control flow (a loop's body is read in its place)
+PRODUCTS = {"convolution", "dot"}
+PRODUCT_CALL = re.compile(r"conv|gemm|matmul", re.I)  # cuDNN's, cuBLAS's and the CPU's library calls
 NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "after-all", "partition-id"}
 
 
@@ -53,23 +55,38 @@ def _computations(text: str) -> dict[str, list[str]]:
 
 def _sliced(fused: list[str], operands: list[int], written: int) -> int:
     """A fused kernel's bytes written, its operands' bytes read set in place (`operands`, by parameter number): a
-    parameter it takes a dynamic slice of is read as the slice, and the buffer a dynamic-update-slice writes into
-    in place is neither read nor written but for the update."""
+    parameter it only takes slices of (static or dynamic, of the parameter or of its conversion) is read as those
+    slices, and the buffer a dynamic-update-slice writes into in place is neither read nor written but for the
+    update."""
     parameters, sizes = {}, {}
+    slices, in_place, whole = collections.Counter(), set(), set()
     for line in fused:
         match = INSTRUCTION.match(line)
         if not match:
             continue
         name, shape, op, rest = match.groups()
         sizes[name] = _bytes(shape)
+        names = re.findall(r"%([\w.-]+)", rest.split("), ")[0])
         if op == "parameter":
             parameters[name] = int(rest.split(")")[0])
-        elif op in ("dynamic-slice", "dynamic-update-slice"):
-            first, *others = re.findall(r"%([\w.-]+)", rest.split("), ")[0])
-            if first in parameters and op == "dynamic-slice":
-                operands[parameters[first]] = min(operands[parameters[first]], _bytes(shape))
-            elif first in parameters:  # the update is defined before it
-                written, operands[parameters[first]] = sizes.get(others[0], 0), 0
+        elif op in ("convert", "bitcast") and names[0] in parameters:  # still that parameter
+            parameters[name] = parameters[names[0]]
+        else:
+            for position, operand in enumerate(names):
+                if operand not in parameters:
+                    continue
+                if position == 0 and op in ("slice", "dynamic-slice"):
+                    slices[parameters[operand]] += sizes[name]
+                elif position == 0 and op == "dynamic-update-slice":  # the update is defined before it
+                    written = sizes.get(names[1], 0)
+                    in_place.add(parameters[operand])
+                else:
+                    whole.add(parameters[operand])
+    for parameter, read in slices.items():
+        if parameter not in whole:
+            operands[parameter] = min(operands[parameter], read)
+    for parameter in in_place - whole:
+        operands[parameter] = 0
     return written
 
 
@@ -78,8 +95,10 @@ def read_program(text: str) -> dict:
     write, a loop's body counted once per trip (XLA's known trip count)."""
     computations = _computations(text)
     kernels, convolutions, moved = collections.Counter(), collections.Counter(), collections.Counter()
+    flops = 0
 
     def walk(name: str, times: int):
+        nonlocal flops
         sizes = {}
         for line in computations[name]:
             match = INSTRUCTION.match(line)
@@ -104,18 +123,50 @@ def read_program(text: str) -> dict:
             if called:
                 written = _sliced(computations[called.group(1)], operands, written)
             moved[label] += times * (written + sum(operands))
-            # a convolution: cuDNN's call, XLA's own instruction, or one inside a fused kernel
-            if target and "conv" in target.group(1).lower():
-                shapes = [shape]
+            # convolutions and matrix products: cuDNN's or cuBLAS's calls, XLA's own instructions, or inside a kernel
+            if op in PRODUCTS or (target and PRODUCT_CALL.search(target.group(1))):
+                found = [(line, computations[name])]
             else:
-                inside = [INSTRUCTION.match(i) for i in computations.get(called.group(1), [])] if called else []
-                shapes = [m.group(2) for m in inside if m and m.group(3) == "convolution"]
-                shapes += [shape] if op == "convolution" else []
-            for convolution in shapes:
-                convolutions[SHAPE.search(convolution).group(1)] += times
+                inside = computations.get(called.group(1), []) if called else []
+                found = [(i, inside) for i in inside if (m := INSTRUCTION.match(i)) and m.group(3) in PRODUCTS]
+            for product, scope in found:
+                if "dim_labels=" in product:  # a convolution's
+                    convolutions[SHAPE.search(INSTRUCTION.match(product).group(2)).group(1)] += times
+                flops += times * _flops(product, scope)
 
     walk("ENTRY", 1)
-    return {"kernels": dict(kernels), "convolutions": dict(convolutions), "bytes": dict(moved)}
+    return {"kernels": dict(kernels), "convolutions": dict(convolutions), "bytes": dict(moved), "flops": flops}
+
+
+def _flops(line: str, scope: list[str]) -> int:
+    """A convolution's or matrix product's operations as the field counts them, 2 for each multiply-add: each output
+    element takes a convolution's kernel elements over its output channels, a product's contracted elements; a
+    product of a matrix and a vector counts none. `scope`: the lines of the computation it is in (its operands'
+    shapes)."""
+    _, shape, _, rest = INSTRUCTION.match(line).groups()
+    outputs = math.prod(int(d) for d in SHAPE.search(shape).group(2).split(",") if d)
+    lhs, rhs = re.findall(r"%([\w.-]+)", rest.split("), ")[0])[:2]
+    shapes = {m.group(1): m.group(2) for i in scope if (m := INSTRUCTION.match(i))}
+
+    def dims(name):
+        return [int(d) for d in SHAPE.search(shapes[name]).group(2).split(",") if d]
+
+    labels = re.search(r"dim_labels=\w+_(\w+)->", rest)
+    if labels:
+        kernel = dims(rhs)
+        return 2 * outputs * math.prod(kernel) // kernel[labels.group(1).index("o")]
+
+    def axes(side, kind):  # an operand's contracting or batch axes, as XLA's instruction or cuBLAS's call gives them
+        found = re.search(rf'{side}_{kind}_dim(?:s=\{{|ensions":\[)([\d,"]*)', rest)
+        return [int(d) for d in found.group(1).replace('"', "").split(",") if d] if found else []
+
+    def free(side, name):  # the elements of an operand's axes that are neither contracted nor batched
+        shape = dims(name)
+        return math.prod(shape) // math.prod(shape[d] for d in axes(side, "contracting") + axes(side, "batch"))
+
+    if min(free("lhs", lhs), free("rhs", rhs)) == 1:  # a matrix and a vector (a CPU's GroupNorm sums so): no layer's
+        return 0
+    return 2 * outputs * math.prod(dims(lhs)[d] for d in axes("lhs", "contracting"))
 
 
 def _added(programs: list[tuple[dict, int]]) -> dict:
@@ -124,7 +175,7 @@ def _added(programs: list[tuple[dict, int]]) -> dict:
     for program, calls in programs:
         for key, counts in total.items():
             counts.update({k: v * calls for k, v in program[key].items()})
-    return {k: dict(v) for k, v in total.items()}
+    return {**{k: dict(v) for k, v in total.items()}, "flops": sum(p["flops"] * calls for p, calls in programs)}
 
 
 def _target_device(platform: str):
@@ -173,8 +224,9 @@ def markdown(results: dict) -> str:
     lines = [
         f"Compiled for {results['target']} on {results['host']}; {results['date']}; {results['versions']}.",
         "",
-        "| model | dtype | part | input | steps, calls | kernels | convolutions | GB moved | at the bandwidth |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model | dtype | part | input | steps, calls | kernels | convolutions | TFLOP | GB moved | at the "
+        "bandwidth |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for (model, dtype), parts in ((tuple(k.split(" ")), v) for k, v in results["rows"].items()):
         for part, r in parts.items():
@@ -183,12 +235,14 @@ def markdown(results: dict) -> str:
             floor = f"{moved / bandwidth * 1e3:.1f} ms" if bandwidth else "-"
             lines.append(
                 f"| {model} | {dtype} | {part} | {tuple(r['input'])} | {r['steps']}, {r['calls']} | "
-                f"{sum(r['kernels'].values()):,} | {convolutions} | {moved / 1e9:.2f} | {floor} |"
+                f"{sum(r['kernels'].values()):,} | {convolutions} | {r['flops'] / 1e12:.2f} | {moved / 1e9:.2f} | "
+                f"{floor} |"
             )
     lines += [
         "",
         "steps, calls = the distinct steps compiled and how many times the encode or decode calls them; kernels = "
-        "the kernels of those calls (a loop's body once per trip); convolutions = by the dtype they compute in; GB "
+        "the kernels of those calls (a loop's body once per trip); convolutions = by the dtype they compute in; "
+        "TFLOP = the operations of the convolutions and matrix products, 2 for each multiply-add; GB "
         "moved = the bytes those kernels read and write; at the bandwidth = that over the device's memory bandwidth "
         "(a floor: no overlap, no cache).",
     ]

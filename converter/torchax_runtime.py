@@ -13,6 +13,8 @@ The runtime lowers some ops as the Flax models compute them:
   (models/common/conv.py): on CPU the route the Flax models take for the layer's shape (Winograd's F(2, 3), one 2D
   convolution per time tap, one batched matrix product over the window's taps, or a 1D filter per channel as its
   taps' weighted slices). The models pad and cache channels-last around them, so XLA's transposes cancel;
+- the upsamplers' convolution of a nearest-upsampled input (`vae_convert::upsampled_conv2d`, models/common/
+  layers_torch.py) as the Flax models compute it: off the CPU by output phase, never making the upsampled input;
 - sin (`aten.sin`, Snake's) as models/common/sine.py computes it, which XLA:CPU vectorises;
 - SiLU and sums of activations (`aten.silu`, `aten.add.Tensor` on tensors of one shape) channels-last, so that what
   XLA materialises between the convolutions is laid out as they read it;
@@ -165,6 +167,22 @@ def _convolution(*args):
     return interop.call_jax(_jax_convolution, *args)
 
 
+def _upsampled_conv2d(x, weight, bias):
+    """The PyTorch models' upsampler convolution (models/common/layers_torch.py) as the Flax models compute it
+    (models/common/conv.py, upsampled_conv), channels-last."""
+    import jax.numpy as jnp
+    from torchax import interop
+
+    from converter.models.common.conv import upsampled_conv
+
+    def channels_last(x, weight, bias):
+        dtype = jnp.result_type(x, weight)
+        y = upsampled_conv(x.transpose(0, 2, 3, 1), weight.transpose(kernel_order(4)), bias, dtype)
+        return y.transpose(0, 3, 1, 2)
+
+    return interop.call_jax(channels_last, x, weight, bias)
+
+
 def _scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
@@ -205,9 +223,10 @@ def torchax_env():
     env.override_op_definition(torch.ops.aten.native_group_norm.default, _native_group_norm)
     env.override_op_definition(torch.ops.aten.convolution.default, _convolution)
     env.override_op_definition(torch.nn.functional.scaled_dot_product_attention, _scaled_dot_product_attention)
-    from converter.models.common import layers_torch  # noqa: F401  (registers the frame-causal attention op)
+    from converter.models.common import layers_torch  # noqa: F401  (registers the project's own ops)
 
     env.override_op_definition(torch.ops.vae_convert.frame_causal_attention.default, _frame_causal_attention)
+    env.override_op_definition(torch.ops.vae_convert.upsampled_conv2d.default, _upsampled_conv2d)
     from converter.models.common.precision import in_float32
     from converter.models.common.sine import sin
 

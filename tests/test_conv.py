@@ -230,3 +230,57 @@ def test_an_accelerator_convolves_bfloat16_in_bfloat16(target, monkeypatch):
     assert accelerator_result.dtype == cpu_result.dtype == jnp.bfloat16
     expected = np.asarray(cpu_result, np.float32)
     assert np.abs(np.asarray(accelerator_result, np.float32) - expected).max() <= 2**-7 * np.abs(expected).max()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("target", ["flax", "torchax"])
+def test_an_upsampled_convolution_is_the_convolution_of_the_upsampled_input(target, dtype, monkeypatch):
+    """The upsamplers' convolution (models/common/conv.py, upsampled_conv; the torchax runtime's lowering of the
+    PyTorch models' op) against the 3x3 convolution of the input upsampled by 2, nearest, as diffusers runs it, on a
+    non-square input with leading batch axes (a video's frames), in float32 and in bfloat16: the CPU's route, and an
+    accelerator's by output phase (phase kernels summed in float32 and rounded once, the bias added before the
+    output is rounded)."""
+    import jax.numpy as jnp
+    import torch
+    from flax import nnx
+
+    from converter import torchax_runtime
+    from converter.models.common.layers_flax import Conv, UpsampledConv
+    from converter.models.common.layers_torch import UpsampledConv2d
+
+    rng = np.random.default_rng(0)
+    dtype = jnp.dtype(dtype)
+    kernel = jnp.asarray(rng.standard_normal((3, 3, 8, 16)) / 8, dtype)
+    bias = jnp.asarray(rng.standard_normal(16), dtype)
+    x = jnp.asarray(rng.standard_normal((2, 3, 5, 7, 8)), dtype)  # (B, T, H, W, C)
+    plain = Conv(8, 16, (3, 3), padding=((1, 1), (1, 1)), rngs=nnx.Rngs(0), param_dtype=dtype)
+    plain.kernel[...], plain.bias[...] = kernel, bias
+    expected = np.asarray(plain(jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)), np.float32)
+
+    if target == "flax":
+        layer = UpsampledConv(8, 16, rngs=nnx.Rngs(0), param_dtype=dtype, conv_general_dilated=cpu_conv)
+        layer.kernel[...], layer.bias[...] = kernel, bias
+    else:
+        module = UpsampledConv2d(8, 16)
+        with torch.no_grad():
+            module.weight.copy_(torch.from_numpy(np.asarray(kernel, np.float32).transpose(3, 2, 0, 1)))
+            module.bias.copy_(torch.from_numpy(np.asarray(bias, np.float32)))
+        env = torchax_runtime.torchax_env()
+        with env:
+            module = module.to(getattr(torch, dtype.name)).to("jax")
+
+        def layer(v):  # frames as the batch, channels first, as the PyTorch models call it
+            from torchax import interop
+
+            frames = v.transpose(0, 1, 4, 2, 3).reshape(6, 8, 5, 7)
+            with torch.no_grad(), env:
+                y = module(interop.torch_view(frames)).jax()
+            return y.reshape(2, 3, 16, 10, 14).transpose(0, 1, 3, 4, 2)
+
+    tolerance = (1e-5 if dtype == jnp.float32 else 2**-8) * np.abs(expected).max()
+    got = layer(x)
+    assert got.shape == expected.shape and got.dtype == dtype
+    assert np.abs(np.asarray(got, np.float32) - expected).max() <= tolerance
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    on_accelerator = np.asarray(layer(x), np.float32)
+    assert np.abs(on_accelerator - expected).max() <= (1 if dtype == jnp.float32 else 4) * tolerance

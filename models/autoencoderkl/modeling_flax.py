@@ -18,7 +18,7 @@ from flax import nnx
 from ..common.blocks_flax import EPS, DownBlock, MidBlock, UpBlock
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
-from ..common.layers_flax import BatchNorm2d, Conv, GroupNorm, silu
+from ..common.layers_flax import BatchNorm2d, Conv, GroupNorm, UpsampledConv, silu
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, AutoencoderKLTiling
@@ -57,10 +57,17 @@ class Upsample2D(nnx.Module):
     """Nearest-neighbour upsampling by 2, then a 3x3 convolution."""
 
     def __init__(self, channels, *, rngs, param_dtype):
-        self.conv = conv2d(channels, channels, 3, rngs=rngs, param_dtype=param_dtype)
+        self.conv = UpsampledConv(
+            channels,
+            channels,
+            kernel_init=nnx.initializers.zeros,
+            rngs=rngs,
+            param_dtype=param_dtype,
+            conv_general_dilated=cpu_conv,
+        )
 
     def __call__(self, x):
-        return self.conv(jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2))
+        return self.conv(x)
 
 
 class Encoder(nnx.Module):

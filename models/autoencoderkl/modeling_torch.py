@@ -15,7 +15,7 @@ from torch import nn
 
 from ..common.blocks_torch import EPS, DownBlock, MidBlock, UpBlock
 from ..common.inputs import expect_image
-from ..common.layers_torch import GroupNorm
+from ..common.layers_torch import GroupNorm, UpsampledConv2d
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import AutoencoderKLConfig, AutoencoderKLFlux2Config, AutoencoderKLTiling
@@ -37,10 +37,10 @@ class Upsample2D(nn.Module):
 
     def __init__(self, channels):
         super().__init__()
-        self.conv = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv = UpsampledConv2d(channels, channels)
 
     def forward(self, x):
-        return self.conv(x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3))
+        return self.conv(x)
 
 
 def conv2d(in_channels, out_channels, kernel_size):

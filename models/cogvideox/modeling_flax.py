@@ -18,7 +18,7 @@ from flax import nnx
 from ..common.cache import run_cached
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import Conv, GroupNorm, silu
+from ..common.layers_flax import Conv, GroupNorm, UpsampledConv, silu
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
 from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
@@ -153,11 +153,9 @@ class CogVideoXDownsample3D(nnx.Module):
 
 class CogVideoXUpsample3D(nnx.Module):
     def __init__(self, in_channels, out_channels, compress_time, *, rngs, param_dtype):
-        self.conv = Conv(
+        self.conv = UpsampledConv(  # nearest x2 in H, W, then the convolution
             in_channels,
             out_channels,
-            (3, 3),
-            padding=((1, 1), (1, 1)),
             kernel_init=nnx.initializers.zeros,
             rngs=rngs,
             param_dtype=param_dtype,
@@ -166,7 +164,6 @@ class CogVideoXUpsample3D(nnx.Module):
         self.compress_time = compress_time
 
     def __call__(self, x):
-        x = jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)  # nearest x2 in H, W
         t = x.shape[1]
         if self.compress_time and t > 1:  # nearest x2 in time; with an odd count the first frame is not doubled
             first, rest = (x[:, :1], x[:, 1:]) if t % 2 == 1 else (x[:, :0], x)

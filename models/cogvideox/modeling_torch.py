@@ -16,7 +16,7 @@ from torch import nn
 
 from ..common.cache import run_cached
 from ..common.inputs import expect_video
-from ..common.layers_torch import GroupNorm
+from ..common.layers_torch import GroupNorm, UpsampledConv2d
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import CogVideoXTiling, CogVideoXVAEConfig, frame_batches
@@ -148,11 +148,10 @@ class CogVideoXDownsample3D(nn.Module):
 class CogVideoXUpsample3D(nn.Module):
     def __init__(self, in_channels, out_channels, compress_time=False):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, stride=1, padding=1)
+        self.conv = UpsampledConv2d(in_channels, out_channels)  # nearest x2 in H, W, then the convolution
         self.compress_time = compress_time
 
     def forward(self, x):
-        x = x.repeat_interleave(2, dim=3).repeat_interleave(2, dim=4)  # nearest x2 in H, W
         t = x.shape[2]
         if self.compress_time and t > 1:  # nearest x2 in time; with an odd count the first frame is not doubled
             first, rest = (x[:, :, :1], x[:, :, 1:]) if t % 2 == 1 else (x[:, :, :0], x)

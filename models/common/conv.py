@@ -27,6 +27,8 @@ from jax import lax
 from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 
+from .precision import plus_bias
+
 # Options for compiling the models' steps. XLA:CPU hands convolutions to YNNPACK by default; with that off it runs
 # them with its Eigen kernels, which are faster for these layers (docs/performance.md, Design decisions). An
 # xla_cpu_* option is read by the CPU compiler only.
@@ -359,3 +361,39 @@ def winograd_conv(lhs, rhs, width_padding=(1, 1), precision=None, preferred_elem
     out = jnp.stack([_combine(_AT[e], products) for e in range(_TILE)], axis=2)  # (N, tiles, 2, T', W', O)
     out = out.transpose(0, 3, 1, 2, 4, 5).reshape(n, frames, tiles * _TILE, out.shape[-2], o)
     return out[:, :, :out_h]
+
+
+# An upsampler's output pixel (2i + a, 2j + b) reads input rows i - 1 + a and i + a (and columns likewise): phase a
+# of the 3x3 kernel is 2 rows, each the sum of the kernel's rows that fall on one input row.
+_PHASE_ROWS = (((0,), (1, 2)), ((0, 1), (2,)))
+
+
+def upsampled_conv(x, kernel, bias, dtype, conv=cpu_conv):
+    """The 3x3 convolution (stride 1, a zero around) by kernel (3, 3, C, O), plus bias (O,) or None, of x (..., H, W,
+    C) upsampled by 2 (nearest) in height and width, as the upsamplers of diffusers' decoders compute it, rounded
+    once to `dtype`. On a CPU as written, through `conv`: Winograd's F(2, 3) there takes 24 products per input pixel,
+    and a whole decode by phases was no faster (docs/performance.md, Design decisions). Elsewhere by output phase,
+    never making the upsampled input: one 2x2 convolution of x, a zero around, with 4 x O outputs, a phase's each
+    (its kernel sums, in float32, the taps that read one input pixel, then rounds once to the convolution's dtype),
+    interleaved: 16 products per input pixel where the upsampled input takes 36."""
+    *batch, h, w, c = x.shape
+    o = kernel.shape[-1]
+    x = x.reshape(-1, h, w, c)
+    compute = jnp.result_type(x, kernel)
+    along = functools.partial(conv, window_strides=(1, 1), padding=((1, 1), (1, 1)))
+    along = functools.partial(along, dimension_numbers=("NHWC", "HWIO", "NHWC"), preferred_element_type=jnp.float32)
+    if not rounds_convolutions_itself():
+        upsampled = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+        y = plus_bias(along(upsampled.astype(compute), kernel.astype(compute)), bias, dtype)
+        return y.reshape(*batch, 2 * h, 2 * w, o)
+
+    def summed(k, axis, phase):  # k's 3 taps along `axis` -> phase's 2
+        return jnp.stack([sum(jnp.take(k, t, axis=axis) for t in taps) for taps in _PHASE_ROWS[phase]], axis=axis)
+
+    wide = kernel.astype(jnp.float32)
+    phases = jnp.stack([summed(summed(wide, 0, a), 1, b) for a in range(2) for b in range(2)], axis=3)  # (2,2,C,4,O)
+    y = along(x.astype(compute), phases.reshape(2, 2, c, 4 * o).astype(compute))  # (N, H + 1, W + 1, 4 O)
+    y = plus_bias(y, None if bias is None else jnp.tile(bias, 4), dtype).reshape(-1, h + 1, w + 1, 2, 2, o)
+    # phase (a, b) of output pixel (i, j) is the window at (i + a, j + b)
+    rows = [jnp.stack([y[:, a : a + h, b : b + w, a, b] for b in range(2)], axis=3) for a in range(2)]
+    return jnp.stack(rows, axis=2).reshape(*batch, 2 * h, 2 * w, o)  # (N, H, a, W, b, O) -> (..., 2H, 2W, O)

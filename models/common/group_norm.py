@@ -13,13 +13,11 @@ import jax.numpy as jnp
 def group_norm(x, num_groups: int, eps: float, scale=None, bias=None):
     """x (B, ..., C); groups are contiguous channel ranges, statistics over (..., C/G) in float32. Returns
     (output in x's dtype, mean (B, G), rstd (B, G))."""
-    count = math.prod(x.shape[1:-1]) * (x.shape[-1] // num_groups)
     x32 = x.astype(jnp.float32)
-    mean = _group_sums(x32, num_groups) / count  # (B, G)
-    centered = x32 - _per_channel(mean, x)
-    var = _group_sums(jnp.square(centered), num_groups) / count
+    statistics = _two_pass if jax.default_backend() == "cpu" else _one_pass
+    mean, var = statistics(x32, num_groups)
     rstd = jax.lax.rsqrt(var + eps)
-    out = centered * _per_channel(rstd, x)
+    out = (x32 - _per_channel(mean, x)) * _per_channel(rstd, x)
     if scale is not None:
         out = out * scale.astype(jnp.float32)
     if bias is not None:
@@ -27,22 +25,42 @@ def group_norm(x, num_groups: int, eps: float, scale=None, bias=None):
     return out.astype(x.dtype), mean, rstd
 
 
-def _group_sums(x, num_groups: int):
-    """(B, ..., C) -> (B, G), each group's sum over the middle axes and its channels. Elsewhere than on a CPU, a
-    reduction, which XLA fuses with the cast and the square that make x (a product stays a product, its operand
-    materialised). On a CPU, each channel's sum as a product with ones, then each group's channels added: XLA:CPU runs
-    this product (ones on the left, rows of (W*C)) at memory speed, where its reductions that keep the channel axis,
-    and the same product over separate axes, are several times slower (docs/performance.md, Design decisions). Both
-    keep the width an axis of its own or the major part of a merged one, so a width split over devices stays split."""
+def _two_pass(x, num_groups: int):
+    """Each group's mean, then its variance from the centred squares: x read twice. On a CPU each channel's sum is a
+    product with ones, then each group's channels are added: XLA:CPU runs this product (ones on the left, rows of
+    (W*C)) at memory speed, where its reductions that keep the channel axis, and the same product over separate axes,
+    are several times slower (docs/performance.md, Design decisions). The width stays an axis of its own or the major
+    part of a merged one, so a width split over devices stays split."""
     b, c = x.shape[0], x.shape[-1]
-    if jax.default_backend() != "cpu":
-        grouped = x.reshape(*x.shape[:-1], num_groups, c // num_groups)
-        return grouped.sum(axis=(*range(1, x.ndim - 1), x.ndim))
-    w = x.shape[-2] if x.ndim > 2 else 1
-    rows = x.reshape(b, -1, w * c)  # (B, ..., W, C) -> (B, T*H, W*C)
-    ones = jnp.ones(rows.shape[1], x.dtype)
-    per_position = jax.lax.dot_general(ones, rows, (((0,), (1,)), ((), ())))  # (B, W*C)
-    return per_position.reshape(b, w, c).sum(axis=1).reshape(b, num_groups, -1).sum(axis=-1)
+    count = math.prod(x.shape[1:-1]) * (c // num_groups)
+
+    def group_sums(v):
+        rows = v.reshape(b, -1, (v.shape[-2] if v.ndim > 2 else 1) * c)  # (B, ..., W, C) -> (B, T*H, W*C)
+        ones = jnp.ones(rows.shape[1], v.dtype)
+        per_position = jax.lax.dot_general(ones, rows, (((0,), (1,)), ((), ())))  # (B, W*C)
+        return per_position.reshape(b, -1, c).sum(axis=1).reshape(b, num_groups, -1).sum(axis=-1)
+
+    mean = group_sums(x) / count
+    return mean, group_sums(jnp.square(x - _per_channel(mean, x))) / count
+
+
+def _one_pass(x, num_groups: int):
+    """Each group's mean and variance from one read of x, as XLA's GPU and TPU compilers fuse it: every channel's
+    sum and sum of squares over the positions (one reduction with two results), then the groups from their channels
+    (Chan et al.'s pairwise update). Each channel is first shifted by its value at the first position, which lies
+    within its spread: E[x^2] - E[x]^2 of the raw values loses the digits of the variance where the mean is large
+    against the spread. Reducing the positions first, not each group's positions and channels together, spares XLA
+    a partial sum per position (for Flux.2's decode at 1024x1024, 40.2 -> 3x.x GB moved in all)."""
+    b, c = x.shape[0], x.shape[-1]
+    positions, axes = math.prod(x.shape[1:-1]), tuple(range(1, x.ndim - 1))
+    shift = jax.lax.stop_gradient(x[(slice(None), *(0,) * (x.ndim - 2))])  # (B, C)
+    shifted = x - shift.reshape(b, *(1,) * (x.ndim - 2), c)
+    sums, squares = shifted.sum(axes), jnp.square(shifted).sum(axes)  # (B, C) each
+    channel_mean = (shift + sums / positions).reshape(b, num_groups, -1)
+    channel_m2 = (squares - sums * sums / positions).reshape(b, num_groups, -1)
+    mean = channel_mean.mean(axis=-1)
+    m2 = channel_m2.sum(axis=-1) + positions * jnp.square(channel_mean - mean[..., None]).sum(axis=-1)
+    return mean, m2 / (positions * (c // num_groups))
 
 
 def _per_channel(stat, x):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import blocked_attention
-from .conv import conv_general_dilated
+from .conv import conv_general_dilated, upsampled_conv
 from .group_norm import group_norm
 from .precision import in_float32
 
@@ -38,6 +38,21 @@ class Conv(_RoundedOnce, nnx.Conv):
 
     def __init__(self, *args, conv_general_dilated=conv_general_dilated, **kwargs):
         super().__init__(*args, conv_general_dilated=conv_general_dilated, **kwargs)
+
+
+class UpsampledConv(Conv):
+    """A 3x3 convolution, a zero around, of its input upsampled by 2 (nearest) in height and width, as diffusers'
+    upsamplers run it (their convolution's parameters); off the CPU by output phase, never making the upsampled
+    input (models/common/conv.py, upsampled_conv)."""
+
+    def __init__(self, in_channels, out_channels, **kwargs):
+        super().__init__(in_channels, out_channels, (3, 3), padding=((1, 1), (1, 1)), **kwargs)
+
+    def __call__(self, x):
+        dtype = self.dtype or jnp.result_type(x.dtype, self.kernel.dtype)
+        bias = None if self.bias is None else self.bias[...]
+        kernel = self.kernel[...].astype(dtype)
+        return upsampled_conv(x.astype(dtype), kernel, bias, dtype, conv=self.conv_general_dilated)
 
 
 class Linear(_RoundedOnce, nnx.Linear):

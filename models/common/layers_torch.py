@@ -79,6 +79,30 @@ def _(q, k, v, frames):
     return torch.empty_like(q)
 
 
+@torch.library.custom_op("vae_convert::upsampled_conv2d", mutates_args=())
+def upsampled_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The 3x3 convolution, a zero around, of x (B, C, H, W) upsampled by 2 (nearest), as diffusers' upsamplers
+    compute it. The torchax runtime lowers it as the Flax models compute it: off the CPU by output phase, never
+    making the upsampled input (converter/torchax_runtime.py)."""
+    return F.conv2d(x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3), weight, bias, padding=1)
+
+
+@upsampled_conv2d.register_fake
+def _(x, weight, bias):
+    return x.new_empty((x.shape[0], weight.shape[0], 2 * x.shape[2], 2 * x.shape[3]))
+
+
+class UpsampledConv2d(nn.Conv2d):
+    """A 3x3 convolution, a zero around, of its input upsampled by 2 (nearest): diffusers' upsampler's convolution
+    (its parameters), given the input before upsampling."""
+
+    def __init__(self, in_channels, out_channels, bias=True):
+        super().__init__(in_channels, out_channels, 3, padding=1, bias=bias)
+
+    def forward(self, x):
+        return upsampled_conv2d(x, self.weight, self.bias)
+
+
 class GroupNorm(nn.GroupNorm):
     """nn.GroupNorm (same parameters), computed in float32 whatever the input dtype. Under torchax, the runtime
     lowers it as one JAX function (converter/torchax_runtime.py)."""

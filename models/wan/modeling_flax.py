@@ -25,7 +25,7 @@ from ..common.attention import blocked_attention
 from ..common.cache import run_cached
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
-from ..common.layers_flax import Conv, Linear, silu
+from ..common.layers_flax import Conv, Linear, UpsampledConv, silu
 from ..common.precision import plus_bias
 from ..common.steps_flax import run_chunks
 from ..common.tiling import TilingMixin
@@ -153,7 +153,14 @@ class WanResample(nnx.Module):
         self.mode = mode
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         if mode in ("upsample2d", "upsample3d"):
-            self.resample = _conv(dim, upsample_out_dim or dim // 2, (3, 3), padding=((1, 1), (1, 1)), **kw)
+            # nearest-exact at scale 2 repeats each pixel: the convolution of the upsampled frames
+            self.resample = UpsampledConv(
+                dim,
+                upsample_out_dim or dim // 2,
+                kernel_init=nnx.initializers.zeros,
+                conv_general_dilated=cpu_conv,
+                **kw,
+            )
         else:  # diffusers: ZeroPad2d((0, 1, 0, 1)) then a 3x3 stride-2 conv
             self.resample = _conv(dim, dim, (3, 3), strides=(2, 2), padding=((0, 1), (0, 1)), **kw)
         if mode == "upsample3d":
@@ -170,8 +177,6 @@ class WanResample(nnx.Module):
             else:
                 x, new_cache = self.time_conv(x, cache)  # (B, T, H, W, 2C): channel halves are frames 2t, 2t+1
                 x = x.reshape(b, t, h, w, 2, c).transpose(0, 1, 4, 2, 3, 5).reshape(b, 2 * t, h, w, c)
-        if self.mode.startswith("upsample"):
-            x = jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)  # nearest-exact at scale 2 repeats each pixel
         x = self.resample(x)
         if self.mode == "downsample3d":
             if cache is not None:  # the first chunk keeps its single frame

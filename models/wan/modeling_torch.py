@@ -19,6 +19,7 @@ from torch import nn
 
 from ..common.cache import run_cached
 from ..common.inputs import expect_video
+from ..common.layers_torch import UpsampledConv2d
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import WanTiling, WanVAEConfig, decode_chunks, encode_chunks
@@ -75,15 +76,6 @@ class WanRMS_norm(nn.Module):
         return normalized.movedim(-1, 1)
 
 
-class WanUpsample(nn.Module):
-    """Nearest-exact upsampling by 2 in H and W, which repeats each pixel (no parameters, as in diffusers)."""
-
-    def forward(self, x):
-        # repeated channels-last, the layout of the convolutions' activations under torchax (see WanRMS_norm)
-        last = x.movedim(1, -1).repeat_interleave(2, dim=-3).repeat_interleave(2, dim=-2)
-        return last.movedim(-1, 1)
-
-
 class AvgDown3D(nn.Module):
     """Parameter-free shortcut of a Wan 2.2 down block: folds factor_t frames and factor_s x factor_s pixels into
     channels and averages consecutive groups of them down to out_channels. A chunk whose frame count is not a
@@ -131,7 +123,8 @@ class WanResample(nn.Module):
         self.mode = mode
         if mode in ("upsample2d", "upsample3d"):
             out_dim = upsample_out_dim or dim // 2
-            self.resample = nn.Sequential(WanUpsample(), nn.Conv2d(dim, out_dim, 3, padding=1))
+            # diffusers' nearest-exact upsampling by 2 (no parameters) in its place, done by the convolution after it
+            self.resample = nn.Sequential(nn.Identity(), UpsampledConv2d(dim, out_dim))
         else:
             self.resample = nn.Sequential(nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(dim, dim, 3, stride=(2, 2)))
         if mode == "upsample3d":
