@@ -7,7 +7,7 @@ with the time those bytes take at the device's bandwidth: a floor, with no overl
 can be compared and changed between leases; its time waits for one (bench/accelerator.py).
 
     pip install jax-cuda12-plugin==<JAX's version> jax-cuda12-pjrt==<JAX's version>   # no GPU or CUDA needed
-    python -m bench.program --models flux.2-dev ltx-video --dtype bfloat16
+    python -m bench.program --models flux.2-dev ltx-video --dtype bfloat16 --targets flax torchax
     python -m bench.program --smoke --platform cpu   # the host's own program, small widths (the tests run it)
 """
 
@@ -195,8 +195,90 @@ def _bandwidth() -> float:
     return float(re.search(r"memory_bandwidth: (\d+)", TARGET_CONFIG.read_text()).group(1))
 
 
-def measure(model: str, dtype: str, platform: str, smoke: bool, tiled: bool, size=None) -> dict:
-    """{part: its input, steps, calls and reading} of one model's encode and decode, compiled for `platform`."""
+class TorchaxCompileOnlyStep:
+    """Stands in for the torchax runtime's chunk step (converter/torchax_runtime.py, TorchaxVAE) while the PyTorch
+    model's encode or decode runs its glue on zeros: each new step signature is lowered, its parameters abstract, and
+    compiled for `device`, never run; zeros of its outputs go back to the glue."""
+
+    def __init__(self, model, device):
+        import jax
+        import torch
+
+        from converter import torchax_runtime
+
+        self.model, self.device, self.compiled, self.calls = model, device, {}, collections.Counter()
+        self.kernels = torchax_runtime.stored_kernels(model)
+        self.params = {
+            name: jax.ShapeDtypeStruct(
+                tuple(t.shape[i] for i in torchax_runtime.kernel_order(t.ndim)) if name in self.kernels else t.shape,
+                str(t.dtype).removeprefix("torch."),
+                sharding=device,
+            )
+            for name, t in (*model.named_parameters(), *model.named_buffers())
+            if t.dtype != torch.int64  # counts: none in a step
+        }
+
+    def __call__(self, part, x, cache, inputs, keep_cache):
+        import jax
+        import jax.numpy as jnp
+        from torchax import interop
+
+        from converter import torchax_runtime
+        from converter.models.common.conv import STEP_COMPILER_OPTIONS
+
+        key = (part, tuple(x.shape), cache is None, keep_cache)
+        self.calls[key] += 1
+        if key not in self.compiled:
+            run = torchax_runtime.step_function(self.model, part, keep_cache, self.kernels)
+            args = jax.tree.map(
+                lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=self.device),
+                interop.jax_view((x, cache, inputs)),
+            )
+            jitted = jax.jit(interop.jax_view(run), compiler_options=STEP_COMPILER_OPTIONS)
+            self.compiled[key] = (jitted.lower(self.params, *args).compile(), None)
+        compiled, _ = self.compiled[key]
+        return interop.torch_view(jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), compiled.out_info))
+
+
+def torchax_steps(model: str, smoke: bool, size, dtype: str, device):
+    """As bench.run.compiled_steps for the torchax target, whole frames: the PyTorch model's encode, then its decode
+    of the encoder's latent, traced as the torchax runtime runs them."""
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+
+    from bench.run import SMOKE_VIDEO
+    from converter import torchax_runtime
+    from converter.models.common.protocol import encoded
+    from converter.registry import config_from_dict, get_model, small_config
+    from converter.targets import TARGETS
+    from converter.validate import decode_inputs
+
+    entry = get_model(model)
+    config = config_from_dict(entry.family, {**entry.config, **(small_config(entry) if smoke else {})})
+    target = TARGETS["torchax"]
+    vae = target.cast(target.empty_model(entry.family, config, dtype), np.dtype(dtype)).eval()
+    vae.disable_tiling()
+    env = torchax_runtime.torchax_env()  # before torchax is imported (converter/torchax_runtime.py)
+    from torchax import interop
+
+    *sizes, h, w = SMOKE_VIDEO[2:] if smoke else entry.family.native_size
+    h, w = size or (h, w)
+    channels = entry.family.validation_sample_shape(config)[1]
+    video = jnp.zeros((1, channels, *(sizes if entry.family.frame_axis else []), h, w), dtype)
+    with env, torch.no_grad():
+        inputs = {k: interop.torch_view(jnp.asarray(v)) for k, v in decode_inputs(entry.family, config).items()}
+        recorder = TorchaxCompileOnlyStep(vae, device)
+        latent = encoded(vae.encode(interop.torch_view(video), step=recorder))[0]
+        yield "encoder", video, recorder
+        recorder = TorchaxCompileOnlyStep(vae, device)
+        vae.decode(latent, step=recorder, **inputs)
+        yield "decoder", latent, recorder
+
+
+def measure(model: str, dtype: str, platform: str, smoke: bool, tiled: bool, size=None, target="flax") -> dict:
+    """{part: its input, steps, calls and reading} of one model's encode and decode on `target`, compiled for
+    `platform`."""
     import jax
 
     device = _target_device(platform)
@@ -206,7 +288,11 @@ def measure(model: str, dtype: str, platform: str, smoke: bool, tiled: bool, siz
     try:
         result = {}
         layout = "tiled" if tiled else "one device"
-        for part, video, recorder in compiled_steps(model, layout, smoke, size, dtype, device):
+        if target == "torchax":
+            parts = torchax_steps(model, smoke, size, dtype, device)
+        else:
+            parts = compiled_steps(model, layout, smoke, size, dtype, device)
+        for part, video, recorder in parts:
             programs = [(read_program(c.as_text()), recorder.calls[key]) for key, (c, _) in recorder.compiled.items()]
             result[part] = {
                 "input": list(video.shape),
@@ -224,17 +310,17 @@ def markdown(results: dict) -> str:
     lines = [
         f"Compiled for {results['target']} on {results['host']}; {results['date']}; {results['versions']}.",
         "",
-        "| model | dtype | part | input | steps, calls | kernels | convolutions | TFLOP | GB moved | at the "
-        "bandwidth |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| model | dtype | implementation | part | input | steps, calls | kernels | convolutions | TFLOP | GB moved "
+        "| at the bandwidth |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for (model, dtype), parts in ((tuple(k.split(" ")), v) for k, v in results["rows"].items()):
+    for (model, dtype, implementation), parts in ((tuple(k.split(" ")), v) for k, v in results["rows"].items()):
         for part, r in parts.items():
             moved = sum(r["bytes"].values())
             convolutions = ", ".join(f"{n} {t}" for t, n in sorted(r["convolutions"].items())) or "-"
             floor = f"{moved / bandwidth * 1e3:.1f} ms" if bandwidth else "-"
             lines.append(
-                f"| {model} | {dtype} | {part} | {tuple(r['input'])} | {r['steps']}, {r['calls']} | "
+                f"| {model} | {dtype} | {implementation} | {part} | {tuple(r['input'])} | {r['steps']}, {r['calls']} | "
                 f"{sum(r['kernels'].values()):,} | {convolutions} | {r['flops'] / 1e12:.2f} | {moved / 1e9:.2f} | "
                 f"{floor} |"
             )
@@ -255,10 +341,13 @@ def main():
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     parser.add_argument("--platform", choices=("cuda", "cpu"), default="cuda", help="cpu: the host's own program")
     parser.add_argument("--size", nargs=2, type=int, metavar=("H", "W"), help="another height and width")
-    parser.add_argument("--tiled", action="store_true", help="in the model's tiles")
+    parser.add_argument("--tiled", action="store_true", help="in the model's tiles (flax only)")
+    parser.add_argument("--targets", nargs="+", choices=("flax", "torchax"), default=["flax"])
     parser.add_argument("--smoke", action="store_true", help="small widths and a small video")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
+    if args.tiled and "torchax" in args.targets:
+        parser.error("--tiled reads the Flax models' tiles only")
     import platform
 
     import jax
@@ -272,10 +361,11 @@ def main():
         "rows": {},
     }
     for model in args.models:
-        print(f"compiling {model} ...", file=sys.stderr)
-        results["rows"][f"{model} {args.dtype}"] = measure(
-            model, args.dtype, args.platform, args.smoke, args.tiled, args.size
-        )
+        for target in args.targets:
+            print(f"compiling {model} ({target}) ...", file=sys.stderr)
+            results["rows"][f"{model} {args.dtype} {target}"] = measure(
+                model, args.dtype, args.platform, args.smoke, args.tiled, args.size, target
+            )
     name = "program-smoke" if args.smoke else f"program-{args.platform}"
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")

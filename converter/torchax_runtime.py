@@ -251,6 +251,27 @@ class _ChunkStep(nn.Module):
         return self.model.chunk_step(self.part, x, cache, inputs, self.keep_cache)
 
 
+def stored_kernels(model: nn.Module) -> set[str]:
+    """The parameters `TorchaxVAE` stores transposed: the convolutions' kernels and the linear layers' weights."""
+    transposed = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+    return {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, transposed)}
+
+
+def step_function(model: nn.Module, part: str, keep_cache: bool, kernels: set[str]):
+    """One chunk step of `model` as a function of its parameters (by name, `kernels` stored transposed), its chunk,
+    cache and inputs: what `TorchaxVAE` jits."""
+    module = _ChunkStep(model, part, keep_cache)
+
+    def run(params, x, cache, inputs):
+        params = {
+            f"model.{name}": value.permute(tuple(np.argsort(kernel_order(value.ndim)))) if name in kernels else value
+            for name, value in params.items()
+        }
+        return torch.func.functional_call(module, params, (x, cache, inputs))
+
+    return run
+
+
 class TorchaxVAE:
     """A PyTorch VAE of this project on JAX through torchax: `encode` / `decode` as the model's, each chunk step
     one jitted function (compiled once per chunk shape) taking the parameters as arguments (not baked in as
@@ -269,8 +290,7 @@ class TorchaxVAE:
         self.model, self.config = model, model.config
         # the output's dtype: its weights' narrowest (modules kept in float32 aside)
         self.dtype = min({p.dtype for p in model.parameters()}, key=lambda d: d.itemsize)
-        stored_transposed = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
-        self.kernels = {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, stored_transposed)}
+        self.kernels = stored_kernels(model)
         self.params = {  # copied onto JAX as `model.to("jax")` copies (a permuted kernel is laid out anew first)
             name: self.torchax_env.t2j_copy(
                 tensor.detach().permute(kernel_order(tensor.ndim)).contiguous()
@@ -287,17 +307,7 @@ class TorchaxVAE:
 
             from converter.models.common.conv import STEP_COMPILER_OPTIONS
 
-            module = _ChunkStep(self.model, part, keep_cache)
-
-            def run(params, x, cache, inputs):
-                params = {
-                    f"model.{name}": value.permute(tuple(np.argsort(kernel_order(value.ndim))))
-                    if name in self.kernels
-                    else value
-                    for name, value in params.items()
-                }
-                return torch.func.functional_call(module, params, (x, cache, inputs))
-
+            run = step_function(self.model, part, keep_cache, self.kernels)
             jitted = interop.jax_jit(run, kwargs_for_jax_jit={"compiler_options": STEP_COMPILER_OPTIONS})
             self._steps[part, keep_cache] = functools.partial(jitted, self.params)
         return self._steps[part, keep_cache](x, cache, inputs)

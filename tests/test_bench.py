@@ -82,20 +82,24 @@ def test_a_programs_reading(tmp_path):
     """bench/program.py compiles a model's every step without running it and reads the program (here the CPU's,
     XLA's convolutions as the tests take them): both parts' kernels, the bytes they move, the convolutions by the
     dtype they run in, float32 on a CPU for a bfloat16 model (models/common/conv.py), and the operations of its
-    convolutions and products, which are those PyTorch counts diffusers' model running at the same sizes."""
+    convolutions and products, which are those PyTorch counts diffusers' model running at the same sizes; for both
+    targets, the torchax runtime's steps compiled as it runs them."""
     from bench.flops import count
 
-    _smoke("bench.program", tmp_path, "--platform", "cpu", "--models", "sd1.5", "--dtype", "bfloat16")
-    (row,) = json.loads((tmp_path / "program-smoke.json").read_text())["rows"].values()
-    assert set(row) == {"encoder", "decoder"}
-    for part in row.values():
-        assert part["steps"] == part["calls"] == 1 and sum(part["kernels"].values()) > 0
-        assert sum(part["bytes"].values()) > 0 and set(part["convolutions"]) == {"f32"}
-    channels_first = {name: [p["input"][0], p["input"][-1], *p["input"][1:-1]] for name, p in row.items()}
-    counted = count("sd1.5", channels_first["decoder"], channels_first["encoder"], small=True)
-    assert row["decoder"]["flops"] / 1e9 == pytest.approx(counted["decode"], rel=1e-9)
-    assert row["encoder"]["flops"] / 1e9 == pytest.approx(counted["encode"], rel=1e-9)
-    assert "| sd1.5 | bfloat16 | decoder |" in (tmp_path / "program-smoke.md").read_text()
+    options = ("--platform", "cpu", "--models", "sd1.5", "--dtype", "bfloat16", "--targets", "flax", "torchax")
+    _smoke("bench.program", tmp_path, *options)
+    rows = json.loads((tmp_path / "program-smoke.json").read_text())["rows"]
+    assert set(rows) == {"sd1.5 bfloat16 flax", "sd1.5 bfloat16 torchax"}
+    torchax_input = rows["sd1.5 bfloat16 torchax"]["decoder"]["input"]  # channels-first, as diffusers takes it
+    counted = count("sd1.5", torchax_input, rows["sd1.5 bfloat16 torchax"]["encoder"]["input"], small=True)
+    for row in rows.values():
+        assert set(row) == {"encoder", "decoder"}
+        for part in row.values():
+            assert part["steps"] == part["calls"] == 1 and sum(part["kernels"].values()) > 0
+            assert sum(part["bytes"].values()) > 0 and set(part["convolutions"]) == {"f32"}
+        assert row["decoder"]["flops"] / 1e9 == pytest.approx(counted["decode"], rel=1e-9)
+        assert row["encoder"]["flops"] / 1e9 == pytest.approx(counted["encode"], rel=1e-9)
+    assert "| sd1.5 | bfloat16 | torchax | decoder |" in (tmp_path / "program-smoke.md").read_text()
 
 
 def test_accelerator_table_stops_when_its_budget_is_spent(tmp_path):

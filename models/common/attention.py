@@ -14,11 +14,13 @@ from .sharding import traced_mesh
 
 
 def attention_block() -> int:
-    """Tokens per query and key block: 1024 on a CPU; 4096 on an accelerator, where each pair of blocks is a handful
-    of kernels run one after another (Flax's Flux.2 decode at 1024x1024 compiled for an H200: 3,367 kernels with
-    blocks of 1024, 607 with 4096, by bench/program.py) and a block's float32 scores, 64 MB, are small against its
-    memory."""
-    return 1024 if jax.default_backend() == "cpu" else 4096
+    """Tokens per query and key block at most (the blocks of a count as even as it allows: Wan 2.1's 14,400 tokens a
+    720p frame are 2 blocks of 7,200 on an accelerator, not 2 of 8,192 that are 12% padding): 1024 on a CPU; 8192 on
+    an accelerator, where each pair of blocks is a handful of kernels run one after another and a block's float32
+    scores, 256 MB, are small against its memory. Flax's Flux.2 decode at 1024x1024 compiled for an H200 (by
+    bench/program.py): 3,367 kernels with blocks of 1024, 590 with 4096, 438 with 8192, 376 with 16,384 (1 GB of
+    scores a block)."""
+    return 1024 if jax.default_backend() == "cpu" else 8192
 
 
 def blocked_attention(q, k, v, frames: int = 1, block: int | None = None):
@@ -29,9 +31,9 @@ def blocked_attention(q, k, v, frames: int = 1, block: int | None = None):
     b, n, c = q.shape
     block = block or attention_block()
 
-    def frames_in_blocks(count, padding_frame):  # (blocks, block) frame indices of `count` tokens, padded
-        size = min(block, count)  # fewer tokens than a block: one block of them, unpadded
-        blocks = -(-count // size)
+    def frames_in_blocks(count, padding_frame):  # (blocks, size) frame indices of `count` tokens, padded
+        blocks = -(-count // block)
+        size = -(-count // blocks)  # as even as the count allows: padding only the remainder, under one a block
         frame = jnp.repeat(jnp.arange(frames, dtype=jnp.int32), count // frames)
         return jnp.pad(frame, (0, blocks * size - count), constant_values=padding_frame).reshape(blocks, size)
 
