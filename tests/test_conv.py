@@ -258,7 +258,7 @@ def test_an_upsampled_convolution_is_the_convolution_of_the_upsampled_input(targ
     expected = np.asarray(plain(jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)), np.float32)
 
     if target == "flax":
-        layer = UpsampledConv(8, 16, rngs=nnx.Rngs(0), param_dtype=dtype, conv_general_dilated=cpu_conv)
+        layer = UpsampledConv(8, 16, rngs=nnx.Rngs(0), param_dtype=dtype)
         layer.kernel[...], layer.bias[...] = kernel, bias
     else:
         module = UpsampledConv2d(8, 16)

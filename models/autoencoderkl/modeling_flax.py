@@ -57,14 +57,7 @@ class Upsample2D(nnx.Module):
     """Nearest-neighbour upsampling by 2, then a 3x3 convolution."""
 
     def __init__(self, channels, *, rngs, param_dtype):
-        self.conv = UpsampledConv(
-            channels,
-            channels,
-            kernel_init=nnx.initializers.zeros,
-            rngs=rngs,
-            param_dtype=param_dtype,
-            conv_general_dilated=cpu_conv,
-        )
+        self.conv = UpsampledConv(channels, channels, rngs=rngs, param_dtype=param_dtype)
 
     def __call__(self, x):
         return self.conv(x)

@@ -153,14 +153,8 @@ class CogVideoXDownsample3D(nnx.Module):
 
 class CogVideoXUpsample3D(nnx.Module):
     def __init__(self, in_channels, out_channels, compress_time, *, rngs, param_dtype):
-        self.conv = UpsampledConv(  # nearest x2 in H, W, then the convolution
-            in_channels,
-            out_channels,
-            kernel_init=nnx.initializers.zeros,
-            rngs=rngs,
-            param_dtype=param_dtype,
-            conv_general_dilated=cpu_conv,
-        )
+        # nearest x2 in H, W, then the convolution
+        self.conv = UpsampledConv(in_channels, out_channels, rngs=rngs, param_dtype=param_dtype)
         self.compress_time = compress_time
 
     def __call__(self, x):

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from .attention import blocked_attention
-from .conv import conv_general_dilated, upsampled_conv
+from .conv import conv_general_dilated, cpu_conv, upsampled_conv
 from .group_norm import group_norm
 from .precision import in_float32
 
@@ -45,8 +45,17 @@ class UpsampledConv(Conv):
     upsamplers run it (their convolution's parameters); off the CPU by output phase, never making the upsampled
     input (models/common/conv.py, upsampled_conv)."""
 
-    def __init__(self, in_channels, out_channels, **kwargs):
-        super().__init__(in_channels, out_channels, (3, 3), padding=((1, 1), (1, 1)), **kwargs)
+    def __init__(self, in_channels, out_channels, *, rngs, param_dtype):
+        super().__init__(
+            in_channels,
+            out_channels,
+            (3, 3),
+            padding=((1, 1), (1, 1)),
+            kernel_init=nnx.initializers.zeros,  # filled by the converted weights
+            rngs=rngs,
+            param_dtype=param_dtype,
+            conv_general_dilated=cpu_conv,  # on a CPU, the convolution of the upsampled input takes its routes
+        )
 
     def __call__(self, x):
         dtype = self.dtype or jnp.result_type(x.dtype, self.kernel.dtype)

@@ -154,13 +154,7 @@ class WanResample(nnx.Module):
         kw = dict(rngs=rngs, param_dtype=param_dtype)
         if mode in ("upsample2d", "upsample3d"):
             # nearest-exact at scale 2 repeats each pixel: the convolution of the upsampled frames
-            self.resample = UpsampledConv(
-                dim,
-                upsample_out_dim or dim // 2,
-                kernel_init=nnx.initializers.zeros,
-                conv_general_dilated=cpu_conv,
-                **kw,
-            )
+            self.resample = UpsampledConv(dim, upsample_out_dim or dim // 2, **kw)
         else:  # diffusers: ZeroPad2d((0, 1, 0, 1)) then a 3x3 stride-2 conv
             self.resample = _conv(dim, dim, (3, 3), strides=(2, 2), padding=((0, 1), (0, 1)), **kw)
         if mode == "upsample3d":
