@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from converter.errors import InputError
-from converter.runners import TorchRunner
+from converter.runners import TorchRunner, exact_runner
 
 RTOL = 1e-4  # each value's tolerance: RTOL * max(1, |its reference|, the median |reference| of its channel)
 
@@ -284,13 +284,23 @@ def compare_runners(family, config, runner, reference) -> Outcome:
     runners); `reference` is the expected."""
     latent, video = validation_inputs(family, config)
     inputs = decode_inputs(family, config)
-    outputs = {}
     encodings = [f"encode.{name}" for name in family.encode_outputs] if video is not None else []
-    for name, drive in (("got", runner), ("expected", reference)):
-        outputs[name] = {"decode": drive.decode(latent, **inputs)}
-        if encodings:
-            outputs[name].update(zip(encodings, drive.encode(video)))
-    comparisons = [compare(name, outputs["got"][name], outputs["expected"][name]) for name in outputs["expected"]]
+
+    def outputs_of(drive, parts=("decode", "encode")) -> dict:
+        result = {"decode": drive.decode(latent, **inputs)} if "decode" in parts else {}
+        return {**result, **dict(zip(encodings, drive.encode(video)))} if encodings and "encode" in parts else result
+
+    outputs = {"got": outputs_of(runner), "expected": outputs_of(reference)}
+    comparisons = {name: compare(name, outputs["got"][name], outputs["expected"][name]) for name in outputs["expected"]}
+    # a difference beyond the tolerance that may be a PyTorch side's rounding (TorchRunner.exact) is measured again,
+    # that side computing its part nearer exactly: it fails only then (an output's shape or a value that is not
+    # finite fails whatever the rounding)
+    again = {name.split(".")[0] for name, c in comparisons.items() if math.isfinite(c.ratio) and not c.ok}
+    for side, drive in (("got", runner), ("expected", reference)):
+        if again and (exact := exact_runner(drive)) is not None:
+            outputs[side].update(outputs_of(exact, again))
+            comparisons = {name: compare(name, outputs["got"][name], outputs["expected"][name]) for name in comparisons}
+    comparisons = list(comparisons.values())
     pairs = {name: (outputs["got"][name], outputs["expected"][name]) for name in (*encodings[:1], "decode")}
     means = pairs[encodings[0]] if encodings else None
     rate = family.sample_rate(config) if family.sample_rate else None
