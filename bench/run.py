@@ -221,6 +221,17 @@ def task_load(path: str, how: str) -> dict:
     return parts
 
 
+def task_loads(loads: list[dict]) -> list[dict]:
+    """Several loads in one process (the smoke mode's), each finding the structure cache its `structures` names."""
+    from converter.structure_cache import STRUCTURE_CACHE_ENV
+
+    results = []
+    for load in loads:
+        os.environ[STRUCTURE_CACHE_ENV] = load.pop("structures")
+        results.append(task_load(**load))
+    return results
+
+
 # Each load is timed in this many fresh processes, the median kept: the first load in a process is the one that
 # counts, and one process's differs from the next by more than the loads compared differ.
 LOAD_RUNS = 3
@@ -492,6 +503,7 @@ TASKS = {
     "matmul_rate": task_matmul_rate,
     "naive": task_naive,
     "load": task_load,
+    "loads": task_loads,
     "run": task_run,
     "steady": task_steady,
     "compile": task_compile,
@@ -538,16 +550,26 @@ def _task(name: str, env: dict | None = None, **kwargs) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def _load(runs: int, structures: Path | None = None, **kwargs) -> dict:
-    """A load task in `runs` fresh processes: the median of each time it reports. Each finds the structure cache
-    `structures`, or by default an empty one of its own, as the first load of a model's config does."""
+def _loads(loads: dict, smoke: bool, work: Path) -> dict:
+    """{name: load task's result}, each load in LOAD_RUNS fresh processes, the median of each time it reports; in
+    smoke mode all of them in one process, once (what is tested there is that each runs, not its time). Each finds
+    the structure cache its `structures` names, or by default an empty one of its own, as the first load of a
+    model's config does."""
     from converter.structure_cache import STRUCTURE_CACHE_ENV
 
-    results = []
-    for _ in range(runs):
-        with tempfile.TemporaryDirectory() as empty:
-            results.append(_task("load", env={STRUCTURE_CACHE_ENV: str(structures or empty)}, **kwargs))
-    return {key: statistics.median(r[key] for r in results) for key in results[0]}
+    if smoke:
+        empty = {name: str(work / f"structures-{i}") for i, name in enumerate(loads)}
+        loads = [{"structures": empty[name], **load} for name, load in loads.items()]
+        return dict(zip(empty, _task("loads", loads=loads)))
+    results = {}
+    for name, load in loads.items():
+        structures = load.pop("structures", None)
+        runs = []
+        for _ in range(LOAD_RUNS):
+            with tempfile.TemporaryDirectory() as empty:
+                runs.append(_task("load", env={STRUCTURE_CACHE_ENV: structures or empty}, **load))
+        results[name] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    return results
 
 
 def _vae_convert(*args):
@@ -591,20 +613,20 @@ def measure_model(
         )
     flax_safetensors = work / f"{model}-flax-safetensors"  # for its load only: it converts as torchax does
     _vae_convert("convert", model, "--source", source, "--out", flax_safetensors, *FLAX_SAFETENSORS)
-    runs = _load_runs(smoke)
-    result["load"] = {
-        "flax": _load(runs, path=str(work / f"{model}-flax"), how="vae-convert"),
-        "flax parts": _load(runs, path=str(work / f"{model}-flax"), how="parts"),
-        "flax safetensors": _load(runs, path=str(flax_safetensors), how="vae-convert"),
-        "torchax": _load(runs, path=str(work / f"{model}-torchax"), how="vae-convert"),
+    flax, torchax = str(work / f"{model}-flax"), str(work / f"{model}-torchax")
+    kept = str(work / f"{model}-structures")  # the Flax loads again, finding the structure an earlier load kept
+    loads = {
+        "flax": dict(path=flax, how="vae-convert"),
+        "flax parts": dict(path=flax, how="parts"),
+        "flax safetensors": dict(path=str(flax_safetensors), how="vae-convert"),
+        "torchax": dict(path=torchax, how="vae-convert"),
+        "keeping the structure": dict(path=flax, how="vae-convert", structures=kept),
+        "flax kept structure": dict(path=flax, how="vae-convert", structures=kept),
+        "flax safetensors kept structure": dict(path=str(flax_safetensors), how="vae-convert", structures=kept),
+        **({"diffusers": dict(path=torchax, how="diffusers")} if _has_diffusers() else {}),
     }
-    # the Flax loads again, finding the model's structure kept by an earlier load
-    kept = work / f"{model}-structures"
-    _load(1, kept, path=str(work / f"{model}-flax"), how="vae-convert")
-    for name, path in (("flax", work / f"{model}-flax"), ("flax safetensors", flax_safetensors)):
-        result["load"][f"{name} kept structure"] = _load(runs, kept, path=str(path), how="vae-convert")
-    if _has_diffusers():
-        result["load"]["diffusers"] = _load(runs, path=str(work / f"{model}-torchax"), how="diffusers")
+    result["load"] = _loads(loads, smoke, work)
+    del result["load"]["keeping the structure"]
     # after the loads, which find the outputs as the conversions left them, with no other process's memory between
     result["convert"]["naive"] = _task("naive", source=str(source), out=str(work / f"{model}-naive"), model=model)
     result["whole process"] = whole_process(model, source, work, 1 if smoke else WHOLE_PROCESS_RUNS)

@@ -15,11 +15,6 @@ import pytest
 # change only by rounding. Set before JAX is imported, here and in every process a test starts (they inherit it).
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitters=false"
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
-# Two workers share the cores (Makefile): each takes its share of them for PyTorch's OpenMP threads, which otherwise
-# wait at their barriers spinning on the other worker's cores (test_parity.py's Wan and AutoencoderKL cases on 2 cores:
-# 84-91 s -> 76 s). Set before PyTorch is imported; the processes a test starts inherit it.
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
 # For the same reason the models take XLA's own convolutions, as on every accelerator, not the CPU's faster routes
 # (models/common/conv.py), which compile in twice the time; the modules whose subject the routes are take them
 # (cpu_conv_routes, below): test_parity.py, every family's every input against diffusers, and the routes' own tests.
