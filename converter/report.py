@@ -44,6 +44,8 @@ def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> li
     }
     if outcome.decode_inputs:
         manifest["validation"]["decode_inputs"] = {k: v.tolist() for k, v in outcome.decode_inputs.items()}
+    if outcome.measured_again:
+        manifest["validation"]["measured_again"] = list(outcome.measured_again)
     if req.preview:
         maxima = outcome.picture(work / preview.FILE_NAME)
         manifest["validation"]["preview"] = {"file": preview.FILE_NAME, "max_abs": maxima}
@@ -53,6 +55,11 @@ def record_validation(outcome, manifest: dict, work: Path, out: Path, req) -> li
     if outcome.decode_inputs:
         shown = ", ".join(f"{k}={v.tolist()}" for k, v in outcome.decode_inputs.items())
         req.say(f"  decoded with {shown}")
+    if outcome.measured_again:
+        req.say(
+            f"  {' and '.join(outcome.measured_again)}: beyond the tolerance at first, measured again with PyTorch's "
+            "own convolutions (oneDNN's round a deep model's float32 output further)"
+        )
     req.say("\n".join(c.line() for c in comparisons))
     if req.preview:
         shows = "a test clip encoded and decoded, " if outcome.video is not None else ""

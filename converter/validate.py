@@ -251,6 +251,7 @@ class Outcome:
     decoded: tuple[np.ndarray, np.ndarray]  # the validation latent decoded by each
     decode_inputs: dict  # the extra inputs both decoded with
     sample_rate: int | None = None  # a waveform's, for the decode's sound
+    measured_again: tuple[str, ...] = ()  # the parts a PyTorch side computed again nearer exactly (compare_runners)
 
     def picture(self, path) -> dict:
         from converter import preview
@@ -295,16 +296,20 @@ def compare_runners(family, config, runner, reference) -> Outcome:
     # a difference beyond the tolerance that may be a PyTorch side's rounding (TorchRunner.exact) is measured again,
     # that side computing its part nearer exactly: it fails only then (an output's shape or a value that is not
     # finite fails whatever the rounding)
-    again = {name.split(".")[0] for name, c in comparisons.items() if math.isfinite(c.ratio) and not c.ok}
-    for side, drive in (("got", runner), ("expected", reference)):
-        if again and (exact := exact_runner(drive)) is not None:
-            outputs[side].update(outputs_of(exact, again))
-            comparisons = {name: compare(name, outputs["got"][name], outputs["expected"][name]) for name in comparisons}
-    comparisons = list(comparisons.values())
+    again = sorted({name.split(".")[0] for name, c in comparisons.items() if math.isfinite(c.ratio) and not c.ok})
+    exact = {side: exact_runner(drive) for side, drive in (("got", runner), ("expected", reference))}
+    if again and any(exact.values()):
+        for side, drive in exact.items():
+            if drive is not None:
+                outputs[side].update(outputs_of(drive, again))
+        comparisons = {name: compare(name, outputs["got"][name], outputs["expected"][name]) for name in comparisons}
+    else:
+        again = []
     pairs = {name: (outputs["got"][name], outputs["expected"][name]) for name in (*encodings[:1], "decode")}
     means = pairs[encodings[0]] if encodings else None
     rate = family.sample_rate(config) if family.sample_rate else None
-    return Outcome(comparisons, (runner, reference), video, means, pairs["decode"], inputs, rate)
+    decoded, comparisons = pairs["decode"], list(comparisons.values())
+    return Outcome(comparisons, (runner, reference), video, means, decoded, inputs, rate, tuple(again))
 
 
 def run(family, config, runner, source_weights, dtype) -> Outcome:
