@@ -97,26 +97,22 @@ class TorchRunner:
         import torch
 
         inputs = _converted(inputs, lambda value: torch.from_numpy(np.asarray(value)))
-        with self._computing():
+        with torch.no_grad(), self._convolutions():
             return self.model.decode(torch.from_numpy(latent), **inputs).sample.numpy()
 
     def encode(self, video: np.ndarray) -> tuple[np.ndarray, ...]:
         import torch
 
-        with self._computing():
+        with torch.no_grad(), self._convolutions():
             return tuple(a.numpy() for a in encoded(self.model.encode(torch.from_numpy(video))))
 
-    def _computing(self):
+    def _convolutions(self):
         import contextlib
 
         import torch
 
-        stack = contextlib.ExitStack()
-        stack.enter_context(torch.no_grad())
-        if self.exact:
-            # that setting alone (the others as they are: setting oneDNN's TF32 warns on a machine without Intel GPUs)
-            stack.enter_context(torch.backends.mkldnn.flags(False, None, None, None))
-        return stack
+        # oneDNN off, its other settings as they are (setting its TF32 warns on a machine without Intel GPUs)
+        return torch.backends.mkldnn.flags(False, None, None, None) if self.exact else contextlib.nullcontext()
 
 
 def exact_runner(runner):

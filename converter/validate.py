@@ -308,8 +308,8 @@ def compare_runners(family, config, runner, reference) -> Outcome:
     pairs = {name: (outputs["got"][name], outputs["expected"][name]) for name in (*encodings[:1], "decode")}
     means = pairs[encodings[0]] if encodings else None
     rate = family.sample_rate(config) if family.sample_rate else None
-    decoded, comparisons = pairs["decode"], list(comparisons.values())
-    return Outcome(comparisons, (runner, reference), video, means, decoded, inputs, rate, tuple(again))
+    checks = list(comparisons.values())
+    return Outcome(checks, (runner, reference), video, means, pairs["decode"], inputs, rate, tuple(again))
 
 
 def run(family, config, runner, source_weights, dtype) -> Outcome:
