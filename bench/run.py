@@ -1,7 +1,7 @@
 """One command that measures conversion, loading, decode and encode, and writes a Markdown table and JSON.
 
     python -m bench.run                 # full-size Wan 2.1, Wan 2.2 and CogVideoX (random weights)
-    python -m bench.run --smoke         # small widths, for the test suite (under a minute)
+    python -m bench.run --smoke         # small widths, for the test suite (about a minute)
 
 Every measurement runs in a fresh process, so peak memory and first-call (compile) times are its own. Checkpoints
 are made with `vae-convert random-checkpoint` (the real architectures, random weights): timings do not depend on the
@@ -235,10 +235,6 @@ def task_loads(loads: list[dict]) -> list[dict]:
 # Each load is timed in this many fresh processes, the median kept: the first load in a process is the one that
 # counts, and one process's differs from the next by more than the loads compared differ.
 LOAD_RUNS = 3
-
-
-def _load_runs(smoke: bool) -> int:
-    return 1 if smoke else LOAD_RUNS
 
 
 # Steady calls: the best of this many per implementation, the implementations taking turns in one process
@@ -773,10 +769,12 @@ def markdown(results: dict) -> str:
             f"{load['flax kept structure']['seconds']:.3f} s, {load['flax safetensors kept structure']['seconds']:.3f}"
             f" s | {load['torchax']['seconds']:.3f} s | {diffusers} |"
         )
+    smoke = results["mode"] == "smoke"
+    runs = "every load once, all in one process (smoke)" if smoke else f"each the median of {LOAD_RUNS} fresh processes"
     lines += [
         "",
-        "Seconds from an output folder to a ready model, after imports (the model code included), each the median "
-        f"of {_load_runs(results['mode'] == 'smoke')} fresh processes. Parts of the "
+        "Seconds from an output folder to a ready model, after imports (the model code included), "
+        f"{runs}. Parts of the "
         "Flax load: the abstract model (nnx.eval_shape), the weights (each Orbax leaf's data file mapped, or read "
         "when under 64 KB), JAX starting its backend (once per process, on first use), placing the weights (on CPU "
         "in place) and building the model. Every load here maps the weights, as from_pretrained does: "
@@ -947,7 +945,7 @@ def main():
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--models", nargs="*", help="default: all (one in --smoke)")
     parser.add_argument("--layouts", nargs="*", choices=list(LAYOUTS), help="compile-only layouts; default: all")
-    parser.add_argument("--smoke", action="store_true", help="small widths, under a minute")
+    parser.add_argument("--smoke", action="store_true", help="small widths, about a minute")
     parser.add_argument("--compile-only", action="store_true", help="only the compile-only rows (no weights)")
     parser.add_argument("--steady-only", action="store_true", help="only the steady calls: each family's rate")
     parser.add_argument(
