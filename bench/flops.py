@@ -62,9 +62,9 @@ def _count_own_ops():
 
     ops = torch.ops.vae_convert
 
-    @register_flop_formula(ops.upsampled_conv2d)
-    def _(x_shape, w_shape, bias_shape, *, out_shape, **kwargs):
-        return conv_flop_count([*x_shape[:2], 2 * x_shape[2], 2 * x_shape[3]], w_shape, out_shape)
+    @register_flop_formula(ops.upsampled_conv)
+    def _(x_shape, w_shape, bias_shape, edge, *, out_shape, **kwargs):
+        return conv_flop_count([*x_shape[:-2], 2 * x_shape[-2], 2 * x_shape[-1]], w_shape, out_shape)
 
     @register_flop_formula(ops.frame_causal_attention)
     def _(q_shape, k_shape, v_shape, frames, *, out_shape, **kwargs):  # (B, N, C): one head

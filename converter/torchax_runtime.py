@@ -13,7 +13,7 @@ The runtime lowers some ops as the Flax models compute them:
   (models/common/conv.py): on CPU the route the Flax models take for the layer's shape (Winograd's F(2, 3), one 2D
   convolution per time tap, one batched matrix product over the window's taps, or a 1D filter per channel as its
   taps' weighted slices). The models pad and cache channels-last around them, so XLA's transposes cancel;
-- the upsamplers' convolution of a nearest-upsampled input (`vae_convert::upsampled_conv2d`, models/common/
+- the upsamplers' convolution of a nearest-upsampled input (`vae_convert::upsampled_conv`, models/common/
   layers_torch.py) as the Flax models compute it: off the CPU by output phase, never making the upsampled input;
 - sin (`aten.sin`, Snake's) as models/common/sine.py computes it, which XLA:CPU vectorises;
 - SiLU and sums of activations (`aten.silu`, `aten.add.Tensor` on tensors of one shape) channels-last, so that what
@@ -167,18 +167,22 @@ def _convolution(*args):
     return interop.call_jax(_jax_convolution, *args)
 
 
-def _upsampled_conv2d(x, weight, bias):
+def _upsampled_conv(x, weight, bias, edge):
     """The PyTorch models' upsampler convolution (models/common/layers_torch.py) as the Flax models compute it
-    (models/common/conv.py, upsampled_conv), channels-last."""
+    (models/common/conv.py, upsampled_conv), channels-last; padding the edge itself, it takes prepadded_conv's
+    route, as a convolution after replicate padding does."""
     import jax.numpy as jnp
     from torchax import interop
 
-    from converter.models.common.conv import upsampled_conv
+    from converter.models.common.conv import cpu_conv, prepadded_conv, upsampled_conv
+
+    to_last, to_first = _channels_last(x.ndim)
 
     def channels_last(x, weight, bias):
         dtype = jnp.result_type(x, weight)
-        y = upsampled_conv(x.transpose(0, 2, 3, 1), weight.transpose(kernel_order(4)), bias, dtype)
-        return y.transpose(0, 3, 1, 2)
+        conv = prepadded_conv if edge else cpu_conv
+        y = upsampled_conv(x.transpose(to_last), weight.transpose(kernel_order(weight.ndim)), bias, dtype, conv, edge)
+        return y.transpose(to_first)
 
     return interop.call_jax(channels_last, x, weight, bias)
 
@@ -226,7 +230,7 @@ def torchax_env():
     from converter.models.common import layers_torch  # noqa: F401  (registers the project's own ops)
 
     env.override_op_definition(torch.ops.vae_convert.frame_causal_attention.default, _frame_causal_attention)
-    env.override_op_definition(torch.ops.vae_convert.upsampled_conv2d.default, _upsampled_conv2d)
+    env.override_op_definition(torch.ops.vae_convert.upsampled_conv.default, _upsampled_conv)
     from converter.models.common.precision import in_float32
     from converter.models.common.sine import sin
 

@@ -4,6 +4,7 @@ outweighs its input XLA's conv3d, which makes no per-tap copies of the kernel, o
 weighted slices. Each is lax's convolution, and each case below takes the route it is named for. On a mesh that
 splits the width, a layer exchanges its halo once."""
 
+import functools
 import json
 
 import jax
@@ -234,48 +235,53 @@ def test_an_accelerator_convolves_bfloat16_in_bfloat16(target, monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("target", ["flax", "torchax"])
-def test_an_upsampled_convolution_is_the_convolution_of_the_upsampled_input(target, dtype, monkeypatch):
+@pytest.mark.parametrize("edge", [False, True], ids=["zeros-2d", "edge-3d"])
+def test_an_upsampled_convolution_is_the_convolution_of_the_upsampled_input(edge, target, dtype, monkeypatch):
     """The upsamplers' convolution (models/common/conv.py, upsampled_conv; the torchax runtime's lowering of the
-    PyTorch models' op) against the 3x3 convolution of the input upsampled by 2, nearest, as diffusers runs it, on a
-    non-square input with leading batch axes (a video's frames), in float32 and in bfloat16: the CPU's route, and an
-    accelerator's by output phase (phase kernels summed in float32 and rounded once, the bias added before the
-    output is rounded)."""
+    PyTorch models' op) against the convolution of the input upsampled by 2 in height and width, nearest, as
+    diffusers runs it, on a non-square input: 3x3 with a zero around and leading batch axes (a video's frames), or
+    3x3x3 with the edge repeated around and time convolved as it is (HunyuanVideo's); in float32 and in bfloat16: the
+    CPU's route, and an accelerator's by output phase (phase kernels summed in float32 and rounded once, the bias
+    added before the output is rounded)."""
     import jax.numpy as jnp
     import torch
     from flax import nnx
 
     from converter import torchax_runtime
-    from converter.models.common.layers_flax import Conv, UpsampledConv
-    from converter.models.common.layers_torch import UpsampledConv2d
+    from converter.models.common.conv import prepadded_conv
+    from converter.models.common.layers_flax import Conv
 
     rng = np.random.default_rng(0)
     dtype = jnp.dtype(dtype)
-    kernel = jnp.asarray(rng.standard_normal((3, 3, 8, 16)) / 8, dtype)
+    window = (3,) * (3 if edge else 2)
+    kernel = jnp.asarray(rng.standard_normal((*window, 8, 16)) / 8, dtype)
     bias = jnp.asarray(rng.standard_normal(16), dtype)
     x = jnp.asarray(rng.standard_normal((2, 3, 5, 7, 8)), dtype)  # (B, T, H, W, C)
-    plain = Conv(8, 16, (3, 3), padding=((1, 1), (1, 1)), rngs=nnx.Rngs(0), param_dtype=dtype)
+    around = (((0, 0),) * len(window)) if edge else ((1, 1), (1, 1))
+    plain = Conv(
+        8, 16, window, padding=around, rngs=nnx.Rngs(0), param_dtype=dtype, conv_general_dilated=prepadded_conv
+    )
     plain.kernel[...], plain.bias[...] = kernel, bias
-    expected = np.asarray(plain(jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)), np.float32)
+    upsampled = jnp.repeat(jnp.repeat(x, 2, axis=2), 2, axis=3)
+    if edge:
+        upsampled = jnp.pad(upsampled, ((0, 0), (0, 0), (1, 1), (1, 1), (0, 0)), mode="edge")
+    expected = np.asarray(plain(upsampled), np.float32)
 
     if target == "flax":
-        layer = UpsampledConv(8, 16, rngs=nnx.Rngs(0), param_dtype=dtype)
-        layer.kernel[...], layer.bias[...] = kernel, bias
+        layer = functools.partial(plain.upsampled, edge=edge)
     else:
-        module = UpsampledConv2d(8, 16)
-        with torch.no_grad():
-            module.weight.copy_(torch.from_numpy(np.asarray(kernel, np.float32).transpose(3, 2, 0, 1)))
-            module.bias.copy_(torch.from_numpy(np.asarray(bias, np.float32)))
-        env = torchax_runtime.torchax_env()
+        env = torchax_runtime.torchax_env()  # before torchax is imported (converter/torchax_runtime.py)
+        from torchax import interop
+
+        to_torch = torchax_runtime.kernel_order(kernel.ndim)
         with env:
-            module = module.to(getattr(torch, dtype.name)).to("jax")
+            weight, bias_t = (interop.torch_view(a) for a in (kernel.transpose(np.argsort(to_torch)), bias))
 
-        def layer(v):  # frames as the batch, channels first, as the PyTorch models call it
-            from torchax import interop
-
-            frames = v.transpose(0, 1, 4, 2, 3).reshape(6, 8, 5, 7)
+        def layer(v):  # channels first, as the PyTorch models call it; a 2D layer takes the frames as its batch
+            first = v.transpose(0, 4, 1, 2, 3) if edge else v.transpose(0, 1, 4, 2, 3).reshape(6, 8, 5, 7)
             with torch.no_grad(), env:
-                y = module(interop.torch_view(frames)).jax()
-            return y.reshape(2, 3, 16, 10, 14).transpose(0, 1, 3, 4, 2)
+                y = torch.ops.vae_convert.upsampled_conv(interop.torch_view(first), weight, bias_t, edge).jax()
+            return y.transpose(0, 2, 3, 4, 1) if edge else y.reshape(2, 3, 16, 10, 14).transpose(0, 1, 3, 4, 2)
 
     tolerance = (1e-5 if dtype == jnp.float32 else 2**-8) * np.abs(expected).max()
     got = layer(x)

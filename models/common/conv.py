@@ -368,32 +368,47 @@ def winograd_conv(lhs, rhs, width_padding=(1, 1), precision=None, preferred_elem
 _PHASE_ROWS = (((0,), (1, 2)), ((0, 1), (2,)))
 
 
-def upsampled_conv(x, kernel, bias, dtype, conv=cpu_conv):
-    """The 3x3 convolution (stride 1, a zero around) by kernel (3, 3, C, O), plus bias (O,) or None, of x (..., H, W,
-    C) upsampled by 2 (nearest) in height and width, as the upsamplers of diffusers' decoders compute it, rounded
-    once to `dtype`. On a CPU as written, through `conv`: Winograd's F(2, 3) there takes 24 products per input pixel,
-    and a whole decode by phases was no faster (docs/performance.md, Design decisions). Elsewhere by output phase,
-    never making the upsampled input: one 2x2 convolution of x, a zero around, with 4 x O outputs, a phase's each
-    (its kernel sums, in float32, the taps that read one input pixel, then rounds once to the convolution's dtype),
-    interleaved: 16 products per input pixel where the upsampled input takes 36."""
-    *batch, h, w, c = x.shape
+def upsampled_conv(x, kernel, bias, dtype, conv=cpu_conv, edge=False):
+    """The 3x3 convolution (stride 1) by kernel (*K, 3, 3, C, O), plus bias (O,) or None, of x (..., *D, H, W, C)
+    upsampled by 2 (nearest) in height and width and padded by one row and column around (zeros, or with `edge` its
+    edge repeated), as diffusers' upsamplers compute it, rounded once to `dtype`. Leading window axes K (a video's
+    time) convolve D as they are, padded by the caller. On a CPU as written, through `conv`: Winograd's F(2, 3) there
+    takes 24 products per input pixel, and a whole decode by phases was no faster (docs/performance.md, Design
+    decisions). Elsewhere by output phase, never making the upsampled input: one 2x2 convolution of x, padded by one
+    around, with 4 x O outputs, a phase's each (its kernel sums, in float32, the taps that read one input pixel, then
+    rounds once to the convolution's dtype), interleaved: 16 products per input pixel where the upsampled input takes
+    36. An edge row of the upsampled input repeats an input row, so the edge padding is x's own."""
+    lead = kernel.ndim - 4
+    batch, (h, w, c) = x.shape[: -lead - 3], x.shape[-3:]
     o = kernel.shape[-1]
-    x = x.reshape(-1, h, w, c)
+    x = x.reshape(-1, *x.shape[-lead - 3 :])
     compute = jnp.result_type(x, kernel)
-    along = functools.partial(conv, window_strides=(1, 1), padding=((1, 1), (1, 1)))
-    along = functools.partial(along, dimension_numbers=("NHWC", "HWIO", "NHWC"), preferred_element_type=jnp.float32)
+    around = ((1, 1), (1, 1), (0, 0))
+    pad = ((0, 0),) * (lead + 1) + around
+    layout = ("NHWC", "NDHWC")[lead]
+    along = functools.partial(conv, window_strides=(1,) * (lead + 2), padding=((0, 0),) * lead + around[:2])
+    if edge:  # padded here: the convolution pads nothing
+        along = functools.partial(along, padding=((0, 0),) * (lead + 2))
+    along = functools.partial(along, dimension_numbers=(layout, layout[1:-1] + "IO", layout))
+    along = functools.partial(along, preferred_element_type=jnp.float32)
     if not rounds_convolutions_itself():
-        upsampled = jnp.repeat(jnp.repeat(x, 2, axis=1), 2, axis=2)
+        upsampled = jnp.repeat(jnp.repeat(x, 2, axis=-3), 2, axis=-2)
+        if edge:
+            upsampled = jnp.pad(upsampled, pad, mode="edge")
         y = plus_bias(along(upsampled.astype(compute), kernel.astype(compute)), bias, dtype)
-        return y.reshape(*batch, 2 * h, 2 * w, o)
+        return y.reshape(*batch, *y.shape[1:])
+    if edge:
+        x = jnp.pad(x, pad, mode="edge")
 
     def summed(k, axis, phase):  # k's 3 taps along `axis` -> phase's 2
         return jnp.stack([sum(jnp.take(k, t, axis=axis) for t in taps) for taps in _PHASE_ROWS[phase]], axis=axis)
 
     wide = kernel.astype(jnp.float32)
-    phases = jnp.stack([summed(summed(wide, 0, a), 1, b) for a in range(2) for b in range(2)], axis=3)  # (2,2,C,4,O)
-    y = along(x.astype(compute), phases.reshape(2, 2, c, 4 * o).astype(compute))  # (N, H + 1, W + 1, 4 O)
-    y = plus_bias(y, None if bias is None else jnp.tile(bias, 4), dtype).reshape(-1, h + 1, w + 1, 2, 2, o)
+    phases = [summed(summed(wide, lead, a), lead + 1, b) for a in range(2) for b in range(2)]
+    phases = jnp.stack(phases, axis=-2).reshape(*kernel.shape[:lead], 2, 2, c, 4 * o)  # (*K, 2, 2, C, 4 O)
+    y = along(x.astype(compute), phases.astype(compute))  # (N, *D', H + 1, W + 1, 4 O)
+    y = plus_bias(y, None if bias is None else jnp.tile(bias, 4), dtype).reshape(*y.shape[:-1], 2, 2, o)
     # phase (a, b) of output pixel (i, j) is the window at (i + a, j + b)
-    rows = [jnp.stack([y[:, a : a + h, b : b + w, a, b] for b in range(2)], axis=3) for a in range(2)]
-    return jnp.stack(rows, axis=2).reshape(*batch, 2 * h, 2 * w, o)  # (N, H, a, W, b, O) -> (..., 2H, 2W, O)
+    rows = [jnp.stack([y[..., a : a + h, b : b + w, a, b, :] for b in range(2)], axis=-2) for a in range(2)]
+    y = jnp.stack(rows, axis=-4)  # (N, *D', H, a, W, b, O)
+    return y.reshape(*batch, *y.shape[1:-5], 2 * h, 2 * w, o)

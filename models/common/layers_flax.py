@@ -39,6 +39,15 @@ class Conv(_RoundedOnce, nnx.Conv):
     def __init__(self, *args, conv_general_dilated=conv_general_dilated, **kwargs):
         super().__init__(*args, conv_general_dilated=conv_general_dilated, **kwargs)
 
+    def upsampled(self, x, edge=False):
+        """This 3x3 convolution (in height and width) of x upsampled by 2 (nearest) in height and width, padded by
+        one around (zeros, or the edge), its leading window axes as x already has them padded (models/common/conv.py,
+        upsampled_conv)."""
+        dtype = self.dtype or jnp.result_type(x.dtype, self.kernel.dtype)
+        bias = None if self.bias is None else self.bias[...]
+        kernel = self.kernel[...].astype(dtype)
+        return upsampled_conv(x.astype(dtype), kernel, bias, dtype, conv=self.conv_general_dilated, edge=edge)
+
 
 class UpsampledConv(Conv):
     """A 3x3 convolution, a zero around, of its input upsampled by 2 (nearest) in height and width, as diffusers'
@@ -58,10 +67,7 @@ class UpsampledConv(Conv):
         )
 
     def __call__(self, x):
-        dtype = self.dtype or jnp.result_type(x.dtype, self.kernel.dtype)
-        bias = None if self.bias is None else self.bias[...]
-        kernel = self.kernel[...].astype(dtype)
-        return upsampled_conv(x.astype(dtype), kernel, bias, dtype, conv=self.conv_general_dilated)
+        return self.upsampled(x)
 
 
 class Linear(_RoundedOnce, nnx.Linear):

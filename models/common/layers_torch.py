@@ -79,17 +79,23 @@ def _(q, k, v, frames):
     return torch.empty_like(q)
 
 
-@torch.library.custom_op("vae_convert::upsampled_conv2d", mutates_args=())
-def upsampled_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """The 3x3 convolution, a zero around, of x (B, C, H, W) upsampled by 2 (nearest), as diffusers' upsamplers
-    compute it. The torchax runtime lowers it as the Flax models compute it: off the CPU by output phase, never
-    making the upsampled input (converter/torchax_runtime.py)."""
-    return F.conv2d(x.repeat_interleave(2, dim=2).repeat_interleave(2, dim=3), weight, bias, padding=1)
+@torch.library.custom_op("vae_convert::upsampled_conv", mutates_args=())
+def upsampled_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, edge: bool) -> torch.Tensor:
+    """The convolution by weight (O, C, *K, 3, 3) of x (B, C, *D, H, W) upsampled by 2 (nearest) in height and
+    width and padded by one row and column around, zeros or (`edge`) its edge repeated, D as it is: diffusers'
+    upsamplers' convolution. The torchax runtime lowers it as the Flax models compute it: off the CPU by output
+    phase, never making the upsampled input (converter/torchax_runtime.py)."""
+    upsampled = x.repeat_interleave(2, dim=-2).repeat_interleave(2, dim=-1)
+    convolve = F.conv2d if x.ndim == 4 else F.conv3d
+    if edge:
+        return convolve(F.pad(upsampled, (1, 1, 1, 1, *(0, 0) * (x.ndim - 4)), mode="replicate"), weight, bias)
+    return convolve(upsampled, weight, bias, padding=(0,) * (x.ndim - 4) + (1, 1))
 
 
-@upsampled_conv2d.register_fake
-def _(x, weight, bias):
-    return x.new_empty((x.shape[0], weight.shape[0], 2 * x.shape[2], 2 * x.shape[3]))
+@upsampled_conv.register_fake
+def _(x, weight, bias, edge):
+    window = (size - k + 1 for size, k in zip(x.shape[2:-2], weight.shape[2:-2]))
+    return x.new_empty((x.shape[0], weight.shape[0], *window, 2 * x.shape[-2], 2 * x.shape[-1]))
 
 
 class UpsampledConv2d(nn.Conv2d):
@@ -100,7 +106,7 @@ class UpsampledConv2d(nn.Conv2d):
         super().__init__(in_channels, out_channels, 3, padding=1, bias=bias)
 
     def forward(self, x):
-        return upsampled_conv2d(x, self.weight, self.bias)
+        return upsampled_conv(x, self.weight, self.bias, False)
 
 
 class GroupNorm(nn.GroupNorm):

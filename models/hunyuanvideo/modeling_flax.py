@@ -49,7 +49,8 @@ class HunyuanVideoCausalConv3d(nnx.Module):
 
 
 class HunyuanVideoUpsampleCausal3D(nnx.Module):
-    """Nearest upsampling by (time, space) factors, the first frame in space only, then a causal conv."""
+    """Nearest upsampling by (time, space) factors, the first frame in space only, then a causal conv; upsampled in
+    space, the conv takes the input before it (models/common/conv.py, upsampled_conv: off the CPU by output phase)."""
 
     def __init__(self, in_channels, out_channels, factors, *, rngs, param_dtype):
         self.factors = factors
@@ -57,10 +58,13 @@ class HunyuanVideoUpsampleCausal3D(nnx.Module):
 
     def __call__(self, x):
         time, space = self.factors
-        x = jnp.repeat(jnp.repeat(x, space, axis=2), space, axis=3)
         if x.shape[1] > 1:
             x = jnp.concatenate([x[:, :1], jnp.repeat(x[:, 1:], time, axis=1)], axis=1)
-        return self.conv(x)
+        if space == 1:
+            return self.conv(x)
+        first_frames = (self.conv.kernel_size - 1, 0)  # the causal conv's, in front
+        x = jnp.pad(x, ((0, 0), first_frames, (0, 0), (0, 0), (0, 0)), mode="edge")
+        return self.conv.conv.upsampled(x, edge=True)
 
 
 class HunyuanVideoDownsampleCausal3D(nnx.Module):

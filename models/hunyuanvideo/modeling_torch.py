@@ -16,7 +16,7 @@ from torch import nn
 
 from ..common.blocks_torch import DownBlock, MidBlock, UpBlock
 from ..common.inputs import expect_video
-from ..common.layers_torch import GroupNorm, pad_edges
+from ..common.layers_torch import GroupNorm, pad_edges, upsampled_conv
 from ..common.outputs import DecoderOutput, DiagonalGaussianDistribution, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import HunyuanVideoTiling, HunyuanVideoVAEConfig
@@ -36,7 +36,8 @@ class HunyuanVideoCausalConv3d(nn.Module):
 
 
 class HunyuanVideoUpsampleCausal3D(nn.Module):
-    """Nearest upsampling by (time, space) factors, the first frame in space only, then a causal conv."""
+    """Nearest upsampling by (time, space) factors, the first frame in space only, then a causal conv; upsampled in
+    space, the conv takes the input before it (models/common/layers_torch.py, upsampled_conv)."""
 
     def __init__(self, in_channels, out_channels, factors):
         super().__init__()
@@ -45,10 +46,12 @@ class HunyuanVideoUpsampleCausal3D(nn.Module):
 
     def forward(self, x):
         time, space = self.factors
-        x = x.repeat_interleave(space, dim=3).repeat_interleave(space, dim=4)
         if x.shape[2] > 1:
             x = torch.cat([x[:, :, :1], x[:, :, 1:].repeat_interleave(time, dim=2)], dim=2)
-        return self.conv(x)
+        if space == 1:
+            return self.conv(x)
+        x = pad_edges(x, (self.conv.padding[0], (0, 0), (0, 0)))  # the causal conv's frames in front
+        return upsampled_conv(x, self.conv.conv.weight, self.conv.conv.bias, True)
 
 
 class HunyuanVideoDownsampleCausal3D(nn.Module):
