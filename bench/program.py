@@ -269,7 +269,8 @@ def torchax_steps(model: str, smoke: bool, size, dtype: str, device):
     with env, torch.no_grad():
         inputs = {k: interop.torch_view(jnp.asarray(v)) for k, v in decode_inputs(entry.family, config).items()}
         recorder = TorchaxCompileOnlyStep(vae, device)
-        latent = encoded(vae.encode(interop.torch_view(video), step=recorder))[0]
+        # in the model's dtype, as the runner gives a latent (a posterior's mean may be float32)
+        latent = encoded(vae.encode(interop.torch_view(video), step=recorder))[0].to(getattr(torch, dtype))
         yield "encoder", video, recorder
         recorder = TorchaxCompileOnlyStep(vae, device)
         vae.decode(latent, step=recorder, **inputs)
