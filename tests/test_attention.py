@@ -33,6 +33,30 @@ def test_blocked_attention_equals_the_dense_one(frames, tokens, block):
     assert np.abs(got - _dense(q, k, v, frames)).max() < 1e-5
 
 
+@pytest.mark.parametrize("backend", ["cpu", "gpu"])
+def test_bfloat16_attention_computes_its_products_as_the_backend_rounds_them(backend, monkeypatch):
+    """bfloat16 queries, keys and values (a clip of frames, blocks with a partial last one): on a CPU both products
+    in float32; elsewhere from bfloat16 operands accumulated in float32, the probabilities rounded to bfloat16 for
+    their product with the values, as flash attention and diffusers' bfloat16 attention on a GPU compute them. Either
+    way within bfloat16's rounding of the dense float32 result."""
+    import re
+
+    monkeypatch.setattr(jax, "default_backend", lambda: backend)
+    jax.clear_caches()  # a trace for the other backend is not this one's
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, 3 * 30, 16)), jnp.bfloat16) for _ in range(3))
+    attend = jax.jit(blocked_attention, static_argnums=(3, 4))
+    program = attend.lower(q, k, v, 3, 32).as_text()
+    products = re.findall(
+        r"stablehlo.dot_general .*: \(tensor<[\dx]*(\w+)>, tensor<[\dx]*(\w+)>\) -> tensor<[\dx]*(\w+)>", program
+    )
+    operands = "f32" if backend == "cpu" else "bf16"
+    assert len(products) == 2 and all(p == (operands, operands, "f32") for p in products), products
+    got = np.asarray(attend(q, k, v, 3, 32), np.float32)
+    expected = _dense(*(np.asarray(x, np.float32) for x in (q, k, v)), 3)
+    assert np.abs(got - expected).max() <= 2**-7 * np.abs(expected).max()
+
+
 @pytest.mark.parametrize(
     ("once", "twice"), [((1, 96, 96), (1, 192, 96)), ((5, 32, 32), (10, 32, 32))], ids=["a-frame", "a-clip"]
 )

@@ -1,6 +1,6 @@
 """Single-head attention computed in blocks of queries and keys with a running max and sum (flash attention's
-recurrence), in float32: memory O(block^2) whatever the token count, where the N x N score matrix of a mid block
-(every pixel of a frame, or of a clip) would take gigabytes at the sizes users decode."""
+recurrence), its softmax in float32: memory O(block^2) whatever the token count, where the N x N score matrix of a
+mid block (every pixel of a frame, or of a clip) would take gigabytes at the sizes users decode."""
 
 from __future__ import annotations
 
@@ -40,9 +40,15 @@ def blocked_attention(q, k, v, frames: int = 1, block: int | None = None):
     # padded keys belong to no frame a query sees; padded queries (dropped at the end) see every frame
     frame_q, frame_k = frames_in_blocks(n, frames - 1), frames_in_blocks(k.shape[1], frames)
 
-    def blocked(x, frame):  # (B, N, C) -> (blocks, B, block, C) in float32
+    # the products' operands: float32 on a CPU, whose bfloat16 products compute in float32 anyway; elsewhere the
+    # inputs' dtype, accumulated in float32, the probabilities rounded to it for their product with the values, as
+    # flash attention (diffusers' bfloat16 attention on a GPU) computes them: the tensor cores' bfloat16 rate where
+    # float32 operands took TF32's, and half the bytes
+    operands = jnp.float32 if jax.default_backend() == "cpu" else jnp.result_type(q, k, v)
+
+    def blocked(x, frame):  # (B, N, C) -> (blocks, B, block, C) in the operands' dtype
         blocks, size = frame.shape
-        x = jnp.pad(x.astype(jnp.float32), ((0, 0), (0, blocks * size - x.shape[1]), (0, 0)))
+        x = jnp.pad(x.astype(operands), ((0, 0), (0, blocks * size - x.shape[1]), (0, 0)))
         return x.reshape(b, blocks, size, c).swapaxes(0, 1)
 
     scale = 1.0 / math.sqrt(c)
@@ -53,12 +59,13 @@ def blocked_attention(q, k, v, frames: int = 1, block: int | None = None):
         def key_block(carry, kv):
             m, total, acc = carry
             kj, vj, fk = kv
-            s = jnp.einsum("bqc,bkc->bqk", qi, kj) * scale
+            s = jnp.einsum("bqc,bkc->bqk", qi, kj, preferred_element_type=jnp.float32) * scale
             s = jnp.where(fk[None, None, :] <= fq[None, :, None], s, -jnp.inf)
             m_new = jnp.maximum(m, s.max(axis=-1))
             p = jnp.exp(s - m_new[..., None])
             correction = jnp.exp(m - m_new)
-            acc = acc * correction[..., None] + jnp.einsum("bqk,bkc->bqc", p, vj)
+            product = jnp.einsum("bqk,bkc->bqc", p.astype(operands), vj, preferred_element_type=jnp.float32)
+            acc = acc * correction[..., None] + product
             return (m_new, total * correction + p.sum(axis=-1), acc), None
 
         size = fq.shape[0]
