@@ -60,9 +60,10 @@ ATTENTION_BLOCK = 1024  # queries a step of the frame-causal scores at once (as 
 def frame_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, frames: int) -> torch.Tensor:
     """softmax(q k^T / sqrt(C)) v of (B, N, C) tokens that are `frames` frames in order, a token seeing those of its
     own and earlier frames (HunyuanVideo's mask, from frame indices): queries in blocks, each against the keys it
-    may see, so memory grows with N, never N x N. The torchax runtime lowers it to the Flax models' blocked
-    attention (converter/torchax_runtime.py)."""
-    n, per = q.shape[1], q.shape[1] // frames
+    may see, so memory grows with N, never N x N; in float32, rounded once to q's dtype. The torchax runtime lowers it
+    to the Flax models' blocked attention (converter/torchax_runtime.py)."""
+    n, per, dtype = q.shape[1], q.shape[1] // frames, q.dtype
+    q, k, v = q.float(), k.float(), v.float()
     out = torch.empty_like(q)
     for start in range(0, n, ATTENTION_BLOCK):
         stop = min(start + ATTENTION_BLOCK, n)
@@ -71,7 +72,7 @@ def frame_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fr
         query_frame = torch.arange(start, stop, device=q.device)[:, None] // per
         scores = scores.masked_fill(torch.arange(seen, device=q.device)[None, :] // per > query_frame, -torch.inf)
         out[:, start:stop] = scores.softmax(-1) @ v[:, :seen]
-    return out
+    return out.to(dtype)
 
 
 @frame_causal_attention.register_fake
@@ -120,7 +121,8 @@ class GroupNorm(nn.GroupNorm):
 class Attention(nn.Module):
     """diffusers' Attention as the VAEs' mid blocks configure it: GroupNorm first, one head as wide as the channels,
     the input added back. Over an image's pixels (B, C, H, W), or a clip's (B, C, T, H, W) where a token sees its own
-    and earlier frames (HunyuanVideo's mask, from frame indices, never a whole N x N matrix); softmax in float32."""
+    and earlier frames (HunyuanVideo's mask, from frame indices, never a whole N x N matrix). The torchax runtime
+    lowers the attention as the Flax models compute it (models/common/attention.py): softmax in float32."""
 
     def __init__(self, channels, groups):
         super().__init__()
@@ -134,7 +136,7 @@ class Attention(nn.Module):
         channels_last = (x.shape[0], *x.shape[2:], x.shape[1])
         tokens = self.group_norm(x).movedim(1, -1).reshape(x.shape[0], -1, x.shape[1])
         frames = x.shape[2] if x.ndim == 5 else 1
-        q, k, v = (proj(tokens).float() for proj in (self.to_q, self.to_k, self.to_v))
+        q, k, v = (proj(tokens) for proj in (self.to_q, self.to_k, self.to_v))
         if frames > 1:
             out = frame_causal_attention(q, k, v, frames)
         else:  # one frame: every token sees every other (no mask, so the torchax runtime computes it in blocks)
