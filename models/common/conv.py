@@ -384,13 +384,15 @@ def upsampled_conv(x, kernel, bias, dtype, conv=cpu_conv, edge=False):
     x = x.reshape(-1, *x.shape[-lead - 3 :])
     compute = jnp.result_type(x, kernel)
     around = ((1, 1), (1, 1), (0, 0))
-    pad = ((0, 0),) * (lead + 1) + around
+    pad = ((0, 0),) * (lead + 1) + around  # an edge's, here; zeros, by the convolution
     layout = ("NHWC", "NDHWC")[lead]
-    along = functools.partial(conv, window_strides=(1,) * (lead + 2), padding=((0, 0),) * lead + around[:2])
-    if edge:  # padded here: the convolution pads nothing
-        along = functools.partial(along, padding=((0, 0),) * (lead + 2))
-    along = functools.partial(along, dimension_numbers=(layout, layout[1:-1] + "IO", layout))
-    along = functools.partial(along, preferred_element_type=jnp.float32)
+    along = functools.partial(
+        conv,
+        window_strides=(1,) * (lead + 2),
+        padding=((0, 0),) * (lead + 2) if edge else ((0, 0),) * lead + around[:2],
+        dimension_numbers=(layout, layout[1:-1] + "IO", layout),
+        preferred_element_type=jnp.float32,
+    )
     if not rounds_convolutions_itself():
         upsampled = jnp.repeat(jnp.repeat(x, 2, axis=-3), 2, axis=-2)
         if edge:
