@@ -7,6 +7,7 @@ with the time those bytes take at the device's bandwidth: a floor, with no overl
 can be compared and changed between leases; its time waits for one (bench/accelerator.py).
 
     pip install jax-cuda12-plugin==<JAX's version> jax-cuda12-pjrt==<JAX's version>   # no GPU or CUDA needed
+    pip install nvidia-cudnn-cu12   # for cuDNN's fused attention (models/common/attention.py); without it, blocked
     python -m bench.program --models flux.2-dev ltx-video --dtype bfloat16 --targets flax torchax
     python -m bench.program --smoke --platform cpu   # the host's own program, small widths (the tests run it)
 """
@@ -31,6 +32,7 @@ INSTRUCTION = re.compile(r"^\s*(?:ROOT )?%(\S+) = (.+?) ([\w-]+)\((.*)$")
 # what no kernel runs for: names for buffers, or XLA's control flow (a loop's body is read in its place)
 PRODUCTS = {"convolution", "dot"}
 PRODUCT_CALL = re.compile(r"conv|gemm|matmul", re.I)  # cuDNN's, cuBLAS's and the CPU's library calls
+FUSED_ATTENTION = re.compile(r"fmha")  # cuDNN's fused attention, its two products in one kernel
 NOT_KERNELS = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "while", "after-all", "partition-id"}
 
 
@@ -123,6 +125,9 @@ def read_program(text: str) -> dict:
             if called:
                 written = _sliced(computations[called.group(1)], operands, written)
             moved[label] += times * (written + sum(operands))
+            if target and FUSED_ATTENTION.search(target.group(1)):
+                flops += times * _attention_flops(line, computations[name])
+                continue
             # convolutions and matrix products: cuDNN's or cuBLAS's calls, XLA's own instructions, or inside a kernel
             if op in PRODUCTS or (target and PRODUCT_CALL.search(target.group(1))):
                 found = [(line, computations[name])]
@@ -167,6 +172,17 @@ def _flops(line: str, scope: list[str]) -> int:
     if min(free("lhs", lhs), free("rhs", rhs)) == 1:  # a matrix and a vector (a CPU's GroupNorm sums so): no layer's
         return 0
     return 2 * outputs * math.prod(dims(lhs)[d] for d in axes("lhs", "contracting"))
+
+
+def _attention_flops(line: str, scope: list[str]) -> int:
+    """cuDNN's fused attention's two products, 2 for each multiply-add: the (batch, heads, queries, keys) scores it
+    keeps on chip (its configuration's intermediate shape) times the query's and the value's head widths."""
+    _, _, _, rest = INSTRUCTION.match(line).groups()
+    query, _, value = re.findall(r"%([\w.-]+)", rest.split("), ")[0])[:3]
+    shapes = {m.group(1): m.group(2) for i in scope if (m := INSTRUCTION.match(i))}
+    scores = re.search(r'"intermediate_tensor_shape":\s*\{[^}]*?"dimensions":\s*\[([\d",\s]*)\]', rest)
+    widths = [int(SHAPE.search(shapes[o]).group(2).split(",")[-1]) for o in (query, value)]
+    return 2 * math.prod(int(d.strip(' "')) for d in scores.group(1).split(",")) * sum(widths)
 
 
 def _added(programs: list[tuple[dict, int]]) -> dict:

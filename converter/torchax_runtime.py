@@ -190,22 +190,23 @@ def _upsampled_conv(x, weight, bias, edge):
 def _scaled_dot_product_attention(
     query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False
 ):
-    """Attention with no mask (the image models' mid blocks) as the Flax models compute it, in blocks with a running
-    softmax (models/common/attention.py): torchax's own lowering holds the (N, N) score matrix, 17 GB at 65,536
-    tokens. Anything else (a mask, dropout, a scale of its own) goes to torchax's."""
+    """Attention with no mask (the image models' mid blocks, MiniMax-H3's decoder) as the Flax models compute it
+    (models/common/attention.py: in blocks with a running softmax, or cuDNN's fused kernel): torchax's own lowering
+    holds the (N, N) score matrix, 17 GB at 65,536 tokens. Anything else (a mask, dropout, a scale of its own) goes
+    to torchax's."""
     from torchax import interop
     from torchax.ops import jtorch
 
     if attn_mask is not None or dropout_p or is_causal or scale is not None or enable_gqa:
         return jtorch._sdpa_reference(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
 
-    def blocked(q, k, v):  # (B, heads, N, C): the heads as batch
-        from converter.models.common.attention import blocked_attention
+    def heads_as_batch(q, k, v):  # (B, heads, N, C)
+        from converter.models.common.attention import attention
 
-        out = blocked_attention(*(x.reshape(-1, *x.shape[2:]) for x in (q, k, v)))
+        out = attention(*(x.reshape(-1, *x.shape[2:]) for x in (q, k, v)))
         return out.reshape(*q.shape[:2], *out.shape[1:])
 
-    return interop.call_jax(blocked, query, key, value)
+    return interop.call_jax(heads_as_batch, query, key, value)
 
 
 def _frame_causal_attention(query, key, value, frames):
@@ -213,9 +214,9 @@ def _frame_causal_attention(query, key, value, frames):
     blocks, the mask from frame indices."""
     from torchax import interop
 
-    from converter.models.common.attention import blocked_attention
+    from converter.models.common.attention import attention
 
-    return interop.call_jax(lambda q, k, v: blocked_attention(q, k, v, frames), query, key, value)
+    return interop.call_jax(lambda q, k, v: attention(q, k, v, frames), query, key, value)
 
 
 @functools.cache

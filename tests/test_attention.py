@@ -1,5 +1,6 @@
-"""The blocked attention every Flax mid block uses (models/common/attention.py): Wan's over the pixels of a frame,
-HunyuanVideo's over a clip with frame-causal visibility. It equals the dense formula and never holds a score matrix."""
+"""The attention every mid block uses (models/common/attention.py): Wan's over the pixels of a frame, HunyuanVideo's
+over a clip with frame-causal visibility. Blocked, it equals the dense formula and never holds a score matrix; on a
+CUDA GPU it runs cuDNN's fused kernel where JAX takes the inputs to it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from converter.models.common import attention as attention_module
 from converter.models.common.attention import blocked_attention
 
 
@@ -74,6 +76,31 @@ def test_attention_never_holds_the_whole_score_matrix(once, twice):
     n = np.prod(once)
     assert temporaries(*once) < n * n * 4 / 2
     assert temporaries(*twice) < 2.5 * temporaries(*once)
+
+
+def test_a_cuda_gpu_runs_unmasked_attention_by_the_fused_kernel_and_the_rest_blocked(monkeypatch):
+    """The backend a GPU, jax.nn.dot_product_attention stood in for by its XLA form that refuses float32 as cuDNN's
+    does: bfloat16 attention with no mask takes the fused route, in its layout (the batch as cuDNN's batch, one head);
+    float32 is refused and runs blocked; frame-causal attention never asks it. Each equals the dense result."""
+    asked = []
+
+    def dot_product_attention(q, k, v, implementation):
+        asked.append((q.dtype, implementation))
+        if q.dtype == jnp.float32:
+            raise NotImplementedError("Q must be fp16/bf16/fp8_e4m3fn/fp8_e5m2")
+        return real(q, k, v, implementation="xla")
+
+    real = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax.nn, "dot_product_attention", dot_product_attention)
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal((3, 2 * 40, 16)).astype(np.float32) for _ in range(3))
+    for dtype, frames, route in [(jnp.bfloat16, 1, "cudnn"), (jnp.float32, 1, "cudnn"), (jnp.bfloat16, 2, None)]:
+        asked.clear()
+        got = attention_module.attention(*(jnp.asarray(x, dtype) for x in (q, k, v)), frames)
+        assert [a for _, a in asked] == ([route] if route else [])
+        expected = _dense(*(np.asarray(jnp.asarray(x, dtype), np.float32) for x in (q, k, v)), frames)
+        assert np.abs(np.asarray(got, np.float32) - expected).max() <= 2**-7 * np.abs(expected).max()
 
 
 def _torchax_frame_causal(frames):

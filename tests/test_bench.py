@@ -102,6 +102,18 @@ def test_a_programs_reading(tmp_path):
     assert "| sd1.5 | bfloat16 | torchax | decoder |" in (tmp_path / "program-smoke.md").read_text()
 
 
+def test_a_fused_attention_kernel_counts_both_products_and_moves_only_its_inputs_and_output():
+    """A GPU program's cuDNN attention: one kernel whose operations are its two products (scores, then scores by
+    values), 2 per multiply-add, and whose bytes are the queries, keys, values and output, the scores never."""
+    from bench.program import read_program
+
+    reading = read_program((REPO / "tests" / "data" / "fused-attention-h200.hlo").read_text())
+    batch, heads, queries, keys, width = 2, 3, 40, 24, 16
+    assert reading["kernels"] == {"__cudnn$fmhaSoftmax": 1}
+    assert reading["flops"] == 2 * batch * heads * queries * keys * (width + width)
+    assert reading["bytes"] == {"__cudnn$fmhaSoftmax": 2 * batch * heads * width * (2 * queries + 2 * keys)}
+
+
 def test_accelerator_table_stops_when_its_budget_is_spent(tmp_path):
     """--budget: once its seconds are spent no task starts, and the row says so in both files (a lease's end)."""
     _smoke("bench.accelerator", tmp_path, "--budget", "0")

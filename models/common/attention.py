@@ -1,6 +1,7 @@
 """Single-head attention computed in blocks of queries and keys with a running max and sum (flash attention's
 recurrence), its softmax in float32: memory O(block^2) whatever the token count, where the N x N score matrix of a
-mid block (every pixel of a frame, or of a clip) would take gigabytes at the sizes users decode."""
+mid block (every pixel of a frame, or of a clip) would take gigabytes at the sizes users decode. On a CUDA GPU,
+cuDNN's fused kernel where it takes the inputs."""
 
 from __future__ import annotations
 
@@ -77,19 +78,33 @@ def blocked_attention(q, k, v, frames: int = 1, block: int | None = None):
     return out.swapaxes(0, 1).reshape(b, -1, c)[:, :n].astype(q.dtype)
 
 
+def attention(q, k, v, frames: int = 1):
+    """softmax(q k^T / sqrt(C)) v of (B, N, C) queries and (B, M, C) keys and values, frame-causal with `frames` > 1
+    (blocked_attention). On a CUDA GPU, attention with no mask in bfloat16 or float16 runs cuDNN's fused flash
+    attention, which keeps each block's scores on chip: blocked in XLA, each block pair writes its float32 scores
+    out and reads them back (MiniMax-H3's decode at 1344x768 compiled for an H200 moves 108,594 GB so, 2,677 GB
+    fused). Where cuDNN's kernel does not take the inputs (float32, a head of over 128 or 256 channels, no cuDNN),
+    JAX refuses it while tracing and the blocked form runs."""
+    if frames == 1 and jax.default_backend() == "gpu":
+        try:  # (B, N, 1, C): the batch as cuDNN's batch, one head
+            out = jax.nn.dot_product_attention(q[:, :, None], k[:, :, None], v[:, :, None], implementation="cudnn")
+            return out[:, :, 0]
+        except (NotImplementedError, RuntimeError):
+            pass
+    return blocked_attention(q, k, v, frames)
+
+
 def query_split_attention(q, k, v):
-    """blocked_attention of (B, N, C) tokens where each device of the mesh ("dp", "tp") of the step being traced takes
+    """attention of (B, N, C) tokens where each device of the mesh ("dp", "tp") of the step being traced takes
     its batch share (over "dp") and its share of the query tokens (over "tp", N padded to split evenly) against every
-    key and value; without a mesh, blocked_attention itself. A device holds 1/tp of the queries, outputs and running
+    key and value; without a mesh, attention itself. A device holds 1/tp of the queries, outputs and running
     sums, and the whole keys and values."""
     mesh = traced_mesh()
     if mesh is None:
-        return blocked_attention(q, k, v)
+        return attention(q, k, v)
     n = q.shape[1]
     queries = jnp.pad(q, ((0, 0), (0, -n % mesh.shape["tp"]), (0, 0)))
     split, whole = P("dp", "tp", None), P("dp", None, None)
     # check_vma off: the running sums start as constants, the same on every device, and vary once queries meet them
-    attend = jax.shard_map(
-        blocked_attention, mesh=mesh, in_specs=(split, whole, whole), out_specs=split, check_vma=False
-    )
+    attend = jax.shard_map(attention, mesh=mesh, in_specs=(split, whole, whole), out_specs=split, check_vma=False)
     return attend(queries, k, v)[:, :n]

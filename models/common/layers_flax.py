@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from .attention import blocked_attention
+from .attention import attention
 from .conv import conv_general_dilated, cpu_conv, upsampled_conv
 from .group_norm import group_norm
 from .precision import in_float32
@@ -119,5 +119,5 @@ class Attention(nnx.Module):
     def __call__(self, x):
         frames = x.shape[1] if x.ndim == 5 else 1
         tokens = self.group_norm(x).reshape(x.shape[0], -1, x.shape[-1])
-        out = blocked_attention(self.to_q(tokens), self.to_k(tokens), self.to_v(tokens), frames=frames)
+        out = attention(self.to_q(tokens), self.to_k(tokens), self.to_v(tokens), frames=frames)
         return self.to_out[0](out).reshape(x.shape) + x

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..common.attention import blocked_attention
+from ..common.attention import attention
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_image
 from ..common.layers_flax import Buffer, Conv, GroupNorm, silu
@@ -91,7 +91,7 @@ class LTX2AudioAttnBlock(nnx.Module):
         h = self.norm(x)
         b, t, f, c = x.shape
         q, k, v = (proj(h).reshape(b, t * f, c) for proj in (self.q, self.k, self.v))
-        return x + self.proj_out(blocked_attention(q, k, v).reshape(b, t, f, c))
+        return x + self.proj_out(attention(q, k, v).reshape(b, t, f, c))
 
 
 class LTX2AudioDownsample(nnx.Module):

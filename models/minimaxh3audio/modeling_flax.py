@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..common.attention import blocked_attention
+from ..common.attention import attention
 from ..common.inputs import expect_sequence
 from ..common.layers_flax import Buffer, Linear
 from ..common.sine import sin
@@ -171,7 +171,7 @@ class MiniMaxH3AudioCausalAttention(nnx.Module):
         qkv = (self.qkv(x) + bias).reshape(b, t, 3, self.num_heads, width // self.num_heads)
         # heads into the batch: (B x heads, T, head width); the tokens are frames of one token each, seen causally
         q, k, v = (jnp.swapaxes(a, 1, 2).reshape(b * self.num_heads, t, -1) for a in jnp.moveaxis(qkv, 2, 0))
-        out = blocked_attention(q, k, v, frames=t).astype(x.dtype)
+        out = attention(q, k, v, frames=t).astype(x.dtype)
         out = out.reshape(b, self.num_heads, t, -1).mean(axis=1)
         pooled = out @ jnp.asarray(adaptive_pool_matrix(out.shape[-1], self.out_dim), x.dtype)
         return self.proj(pooled)

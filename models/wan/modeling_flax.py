@@ -21,7 +21,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from ..common.attention import blocked_attention
+from ..common.attention import attention
 from ..common.cache import run_cached
 from ..common.conv import cpu_conv
 from ..common.inputs import expect_video
@@ -212,7 +212,7 @@ class WanAttentionBlock(nnx.Module):
         b, t, h, w, c = x.shape
         tokens = self.norm(x.reshape(b * t, h * w, c))
         q, k, v = jnp.split(self.to_qkv(tokens), 3, axis=-1)  # each (B*T, H*W, C)
-        out = self.proj(blocked_attention(q, k, v))
+        out = self.proj(attention(q, k, v))
         return x + out.reshape(b, t, h, w, c), None
 
 
