@@ -2,6 +2,7 @@
 
     python -m bench.run                 # full-size Wan 2.1, Wan 2.2 and CogVideoX (random weights)
     python -m bench.run --smoke         # small widths, for the test suite (about a minute)
+    python -m bench.run --conversion-only   # every model's whole conversion process against the naive script
 
 Every measurement runs in a fresh process, so peak memory and first-call (compile) times are its own. Checkpoints
 are made with `vae-convert random-checkpoint` (the real architectures, random weights): timings do not depend on the
@@ -583,7 +584,7 @@ FLAX_SAFETENSORS = ("--to", "flax", "--format", "safetensors", "--no-validate")
 
 def measure_model(
     model: str, shapes: tuple, work: Path, smoke: bool, layouts: list[str], compile_only=False, size=None,
-    steady_only=False,
+    steady_only=False, conversion_only=False,
 ) -> dict:  # fmt: skip
     latent, video = shapes
     _SPENT.clear()
@@ -597,6 +598,11 @@ def measure_model(
         return _steady_only(model, source, work, shapes)
     weights = source / "diffusion_pytorch_model.safetensors"
     size_mb = weights.stat().st_size / 1e6
+    if conversion_only:
+        _SPENT["checkpoint"] = time.perf_counter() - made
+        whole = whole_process(model, source, work, 1 if smoke else WHOLE_PROCESS_RUNS)
+        _SPENT["whole process"] = time.perf_counter() - made - _SPENT["checkpoint"]
+        return {"checkpoint_mb": size_mb, "whole process": whole, "bench_seconds": dict(_SPENT)}
     started = time.perf_counter()
     shutil.copyfile(weights, work / "copy.safetensors")
     copy_s = time.perf_counter() - started
@@ -723,6 +729,8 @@ def markdown(results: dict) -> str:
     lines = [f"Machine: {results['device']}; {results['date']}; mode: {results['mode']}.", *_rate_line(results), ""]
     if results.get("steady only"):
         return "\n".join(lines + steady_table(results) + time_spent(results)) + "\n"
+    if results.get("conversion only"):
+        return "\n".join(lines + whole_process_table(results["models"]) + time_spent(results)) + "\n"
     measured = {model: r for model, r in results["models"].items() if "convert" in r}
     if not measured:  # compile-only
         return "\n".join(lines + compile_table(results)[1:] + time_spent(results)) + "\n"
@@ -740,19 +748,7 @@ def markdown(results: dict) -> str:
         "",
         "Conversion time is after imports; memory is peak RSS above the process's RSS after imports.",
         "",
-        "| model | whole process: vae-convert flax (no validation) | naive script | speed over the naive script |",
-        "|---|---|---|---|",
-    ]
-    for model, r in measured.items():
-        whole = pairs = r["whole process"]
-        lines.append(
-            f"| {model} | {whole['vae-convert']:.2f} s | {whole['naive']:.2f} s | "
-            f"{whole['naive'] / whole['vae-convert']:.2f}x |"
-        )
-    lines += [
-        "",
-        "Whole processes as a user runs them, imports included (the naive script imports only what it needs), "
-        f"the median of {pairs['runs']} alternating pairs.",
+        *whole_process_table(measured),
         "",
     ]
     lines += [
@@ -927,6 +923,27 @@ def compile_table(results: dict) -> list[str]:
     return lines
 
 
+def whole_process_table(measured: dict) -> list[str]:
+    """Each model's whole conversion process against the naive script's."""
+    lines = [
+        "| model | checkpoint | whole process: vae-convert flax (no validation) | naive script | speed over the naive "
+        "script |",
+        "|---|---|---|---|---|",
+    ]
+    for model, r in measured.items():
+        whole = pairs = r["whole process"]
+        lines.append(
+            f"| {model} | {r['checkpoint_mb']:.0f} MB | {whole['vae-convert']:.2f} s | {whole['naive']:.2f} s | "
+            f"{whole['naive'] / whole['vae-convert']:.2f}x |"
+        )
+    return lines + [
+        "",
+        "Whole processes as a user runs them, imports included (the naive script imports only what it needs), the "
+        f"median of {pairs['runs']} alternating pairs, no structure cache (each process the first conversion of its "
+        "config).",
+    ]
+
+
 def time_spent(results: dict) -> list[str]:
     """The benchmark's own wall time, per model and kind of task (each task a fresh process, imports included)."""
     spent = {model: r["bench_seconds"] for model, r in results["models"].items() if "bench_seconds" in r}
@@ -949,6 +966,9 @@ def main():
     parser.add_argument("--compile-only", action="store_true", help="only the compile-only rows (no weights)")
     parser.add_argument("--steady-only", action="store_true", help="only the steady calls: each family's rate")
     parser.add_argument(
+        "--conversion-only", action="store_true", help="only the whole conversion process against the naive script"
+    )
+    parser.add_argument(
         "--spatial-scale",
         type=int,
         default=1,
@@ -969,11 +989,12 @@ def main():
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "mode": "smoke" if args.smoke else "compile-only" if args.compile_only else "full",
             "steady only": args.steady_only,
+            "conversion only": args.conversion_only,
             "models": {},
         }
         # the matrix rate measured before and after each model, its own the better of its two: one measurement
         # alone has been seen a third low on this machine's slower minutes
-        rate_before = None if args.smoke else _task("matmul_rate")
+        rate_before = None if args.smoke or args.conversion_only else _task("matmul_rate")
         measured = {
             model: scaled(shapes, args.spatial_scale) for model, shapes in cases(args.smoke, args.models).items()
         }
@@ -984,7 +1005,7 @@ def main():
             model_work.mkdir()
             results["models"][model] = measure_model(
                 model, measured[model], model_work, args.smoke, layouts, args.compile_only, args.compile_size,
-                args.steady_only,
+                args.steady_only, args.conversion_only,
             )  # fmt: skip
             if rate_before:
                 rate_after = _task("matmul_rate")
@@ -994,7 +1015,15 @@ def main():
             shutil.rmtree(model_work)  # its files would crowd the next model's out of the page cache
             # written after each model: a long run that stops keeps what it measured
             args.out.mkdir(parents=True, exist_ok=True)
-            name = "steady" if args.steady_only else "smoke" if args.smoke else "latest"
+            name = (
+                "steady"
+                if args.steady_only
+                else "conversion"
+                if args.conversion_only
+                else "smoke"
+                if args.smoke
+                else "latest"
+            )
             name += f"-x{args.spatial_scale}" if args.spatial_scale > 1 else ""
             (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
             (args.out / f"{name}.md").write_text(markdown(results))
