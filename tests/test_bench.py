@@ -64,6 +64,15 @@ def test_steady_only_mode(tmp_path):
     assert "| sd1.5 | diffusers |" in (tmp_path / "steady.md").read_text()
 
 
+def test_conversion_only_mode(tmp_path):
+    """--conversion-only times each model's whole conversion process and the naive script's, and nothing else."""
+    _smoke("bench.run", tmp_path, "--conversion-only", "--models", "taesd")
+    (row,) = json.loads((tmp_path / "conversion.json").read_text())["models"].values()
+    assert set(row) == {"checkpoint_mb", "whole process", "bench_seconds"}
+    assert row["whole process"]["vae-convert"] > 0 and row["whole process"]["naive"] > 0
+    assert "| taesd | " in (tmp_path / "conversion.md").read_text()
+
+
 @pytest.mark.slow  # every implementation and dtype, each first call a fresh process
 def test_accelerator_table_smoke_mode(tmp_path):
     """The accelerator table's command runs every path (Flax, torchax, diffusers eager and compiled, in bfloat16,
