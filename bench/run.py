@@ -998,6 +998,10 @@ def main():
         measured = {
             model: scaled(shapes, args.spatial_scale) for model, shapes in cases(args.smoke, args.models).items()
         }
+        # the results' file: the first mode asked for, else the full run's
+        modes = {"steady": args.steady_only, "conversion": args.conversion_only, "smoke": args.smoke}
+        name = next((mode for mode, asked in modes.items() if asked), "latest")
+        name += f"-x{args.spatial_scale}" if args.spatial_scale > 1 else ""
         for model in measured:
             print(f"measuring {model} ...", file=sys.stderr)
             layouts = args.layouts if args.layouts is not None else SMOKE_LAYOUTS if args.smoke else list(LAYOUTS)
@@ -1015,16 +1019,6 @@ def main():
             shutil.rmtree(model_work)  # its files would crowd the next model's out of the page cache
             # written after each model: a long run that stops keeps what it measured
             args.out.mkdir(parents=True, exist_ok=True)
-            name = (
-                "steady"
-                if args.steady_only
-                else "conversion"
-                if args.conversion_only
-                else "smoke"
-                if args.smoke
-                else "latest"
-            )
-            name += f"-x{args.spatial_scale}" if args.spatial_scale > 1 else ""
             (args.out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
             (args.out / f"{name}.md").write_text(markdown(results))
     print(markdown(results))
