@@ -12,18 +12,25 @@ The torchax output is the project's PyTorch model, which torchax runs with each 
 the cache and the layers are the model's own code, and the lowerings are the Flax model's functions (models/common).
 Its jitted steps run at each config's longest input, where every layer of the config runs; the default
 architecture's other inputs run the torchax output's model in plain PyTorch, where it takes the same paths through
-the frames without tracing and compiling it again (over half of a case's time)."""
+the frames without tracing and compiling it again (over half of a case's time).
+
+The models take each layer's convolution by the CPU's route for its shape, as users' CPU runs do, at each config's
+longest input, where every layer of the config runs on the first chunk and the cached ones; at the default
+architecture's other inputs, whose subject is the paths through the frames, they take XLA's own convolutions, which
+compile in a quarter of the time (tests/conftest.py). test_conv.py proves each route against XLA's convolution."""
 
 from __future__ import annotations
 
 import itertools
 
+import jax
 import numpy as np
 import pytest
 import torch
 
 import converter
 from bench import diffusers_decode
+from converter.models.common.conv import XLA_CONV_ENV
 from converter.models.common.protocol import encoded
 from converter.runners import TorchRunner
 from converter.targets import TARGETS
@@ -39,8 +46,6 @@ from tests.helpers import (
 )
 
 ATOL = 1e-4
-# the models as users' CPU runs take them: each layer's convolution by the route for its shape (tests/conftest.py)
-pytestmark = pytest.mark.usefixtures("cpu_conv_routes")
 # Every family's small configs, each under the first model name of its variant: the cases come from the registry.
 CASES = family_cases(lambda testing: testing.small_configs)
 ENCODER_CASES = {key: case for key, case in CASES.items() if "encoder" in case[0].parts}
@@ -60,11 +65,34 @@ def parity_inputs(cases: dict, part: int) -> list:
         sizes = (testing.parity_latent_sizes, testing.parity_video_sizes)[part]
         longest = _longest(family, part)
         every = itertools.product(testing.parity_frames[part], sizes) if which == "default-arch" else [longest]
-        for frames, size in every:
+        # the longest first: the steps it compiles with the CPU's routes serve the other inputs' same chunk shapes
+        for frames, size in sorted(every, key=lambda input: input != longest):
             name = "x".join(map(str, (frames, *size) if family.frame_axis else size))
             slow = which != "default-arch" or (frames, size) != longest
             params.append(family_param(family, key, frames, size, slow=slow, id=f"{key}-{name}"))
     return params
+
+
+# whether a step compiled with XLA's convolutions may be kept in this process: JAX's caches know a step by its model
+# and shapes, not by the environment that chose its convolutions
+_kept = {"xla_convolutions": False}
+
+
+@pytest.fixture(autouse=True)
+def convolutions(request):
+    """The CPU's routes at a config's longest input, XLA's convolutions at the others (see the module's docstring).
+    Before a longest input the steps compiled with XLA's are let go; after it, the others reuse its steps."""
+    params = getattr(request.node, "callspec", None)
+    params = params.params if params else {}
+    part = 1 if request.node.originalname == "test_encode_matches_diffusers" else 0
+    routes = "case" in params and (params["frames"], params["sizes"]) == _longest(CASES[params["case"]][0], part)
+    if routes and _kept["xla_convolutions"]:
+        jax.clear_caches()
+    _kept["xla_convolutions"] = not routes
+    with pytest.MonkeyPatch.context() as patch:
+        if routes:
+            patch.delenv(XLA_CONV_ENV)
+        yield
 
 
 def _runners(runners: dict, case: str, part: int, frames: int, sizes: tuple) -> dict:
