@@ -134,6 +134,13 @@ class LeakyReLU(nnx.Module):
         return jax.nn.leaky_relu(x, self.negative_slope)
 
 
+@jax.jit
+def anti_aliased(upsample, act, downsample, x):
+    """`act` at twice the rate. Jitted on its own: a vocoder runs hundreds of these, a few shapes among them, and
+    JAX traces and lowers each (modules' structure, input shape) once, not once a call (XLA inlines the calls)."""
+    return downsample(act(upsample(x)))
+
+
 class AntiAliasAct1d(nnx.Module):
     """An activation at twice the rate: upsampled, activated, low-passed back down."""
 
@@ -143,7 +150,7 @@ class AntiAliasAct1d(nnx.Module):
         self.downsample = DownSample1d(ratio, kernel_size, param_dtype=param_dtype)
 
     def __call__(self, x):
-        return self.downsample(self.act(self.upsample(x)))
+        return anti_aliased(self.upsample, self.act, self.downsample, x)
 
 
 def activation(config: LTX2VocoderConfig, channels, *, param_dtype):
