@@ -17,7 +17,7 @@ TEST_XLA_FLAGS = "--xla_backend_optimization_level=0 --xla_cpu_use_fusion_emitte
 os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
 # For the same reason the models take XLA's own convolutions, as on every accelerator, not the CPU's faster routes
 # (models/common/conv.py), which compile in twice the time; the modules whose subject the routes are take them
-# (cpu_conv_routes, below): test_parity.py, every family's every input against diffusers, and the routes' own tests.
+# (cpu_conv_routes, below): the routes' own tests; test_parity.py takes them at each config's longest input.
 from converter.models.common.conv import XLA_CONV_ENV  # noqa: E402 (after XLA_FLAGS: it imports JAX)
 
 os.environ[XLA_CONV_ENV] = "1"
