@@ -17,7 +17,7 @@ the frames without tracing and compiling it again (over half of a case's time).
 The models take each layer's convolution by the CPU's route for its shape, as users' CPU runs do, at each config's
 longest input, where every layer of the config runs on the first chunk and the cached ones; at the default
 architecture's other inputs, whose subject is the paths through the frames, they take XLA's own convolutions, which
-compile in a quarter of the time (tests/conftest.py). test_conv.py proves each route against XLA's convolution."""
+compile faster (tests/conftest.py). test_conv.py proves each route against XLA's convolution."""
 
 from __future__ import annotations
 
@@ -57,6 +57,10 @@ def _longest(family, part: int) -> tuple:
     return max(testing.parity_frames[part]), (testing.parity_latent_sizes, testing.parity_video_sizes)[part][-1]
 
 
+def _is_longest(case: str, part: int, frames: int, sizes: tuple) -> bool:
+    return (frames, sizes) == _longest(CASES[case][0], part)
+
+
 def parity_inputs(cases: dict, part: int) -> list:
     """(case, frames, sizes) params of the decode's (part 0) or the encode's (part 1) inputs."""
     params = []
@@ -85,7 +89,7 @@ def convolutions(request):
     params = getattr(request.node, "callspec", None)
     params = params.params if params else {}
     part = 1 if request.node.originalname == "test_encode_matches_diffusers" else 0
-    routes = "case" in params and (params["frames"], params["sizes"]) == _longest(CASES[params["case"]][0], part)
+    routes = "case" in params and _is_longest(params["case"], part, params["frames"], params["sizes"])
     if routes and _kept["xla_convolutions"]:
         jax.clear_caches()
     _kept["xla_convolutions"] = not routes
@@ -98,7 +102,7 @@ def convolutions(request):
 def _runners(runners: dict, case: str, part: int, frames: int, sizes: tuple) -> dict:
     """Every target's runner at the case's longest input; at the default architecture's others, Flax and the torchax
     output's PyTorch model in plain PyTorch (see the module's docstring)."""
-    if (frames, sizes) == _longest(CASES[case][0], part):
+    if _is_longest(case, part, frames, sizes):
         return {target: runners[target] for target in TARGETS}
     return {"flax": runners["flax"], "torch": runners["torch"]}
 
