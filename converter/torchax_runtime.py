@@ -15,6 +15,8 @@ The runtime lowers some ops as the Flax models compute them:
   taps' weighted slices). The models pad and cache channels-last around them, so XLA's transposes cancel;
 - the upsamplers' convolution of a nearest-upsampled input (`vae_convert::upsampled_conv`, models/common/
   layers_torch.py) as the Flax models compute it: off the CPU by output phase, never making the upsampled input;
+- the vocoders' anti-aliased SnakeBeta (`vae_convert::anti_aliased_snake`, models/common/layers_torch.py) as the
+  Flax models' one jitted function (models/common/resample.py), traced once a shape, not op by op at every call;
 - sin (`aten.sin`, Snake's) as models/common/sine.py computes it, which XLA:CPU vectorises;
 - SiLU and sums of activations (`aten.silu`, `aten.add.Tensor` on tensors of one shape) channels-last, so that what
   XLA materialises between the convolutions is laid out as they read it;
@@ -219,6 +221,19 @@ def _frame_causal_attention(query, key, value, frames):
     return interop.call_jax(lambda q, k, v: attention(q, k, v, frames), query, key, value)
 
 
+def _anti_aliased_snake(x, up_taps, down_taps, log_alpha, log_beta, ratio):
+    """The PyTorch models' anti-aliased SnakeBeta (models/common/layers_torch.py) as the Flax models compute it: one
+    jitted function, channels-last."""
+    from torchax import interop
+
+    from converter.models.common.resample import anti_aliased_snake
+
+    def channels_last(x, *params):
+        return anti_aliased_snake(x.transpose(0, 2, 1), *params, ratio).transpose(0, 2, 1)
+
+    return interop.call_jax(channels_last, x, up_taps, down_taps, log_alpha, log_beta)
+
+
 @functools.cache
 def torchax_env():
     """torchax's environment, with this runtime's lowerings installed once."""
@@ -232,6 +247,7 @@ def torchax_env():
 
     env.override_op_definition(torch.ops.vae_convert.frame_causal_attention.default, _frame_causal_attention)
     env.override_op_definition(torch.ops.vae_convert.upsampled_conv.default, _upsampled_conv)
+    env.override_op_definition(torch.ops.vae_convert.anti_aliased_snake.default, _anti_aliased_snake)
     from converter.models.common.precision import in_float32
     from converter.models.common.sine import sin
 

@@ -1,5 +1,5 @@
 """The torchax runtime: placeholders exactly for the named-tensor overloads torch 2.13 lacks (torchax 0.0.13), and
-convolutions lowered as the Flax models lower them."""
+the ops it lowers as the Flax models compute them."""
 
 import json
 import subprocess
@@ -197,3 +197,50 @@ def test_unmasked_attention_never_holds_the_whole_score_matrix():
     with env:
         compiled = jax.jit(interop.jax_view(F.scaled_dot_product_attention)).lower(spec, spec, spec).compile()
     assert f"[{n},{n}]" not in compiled.as_text() and f"[1,{n},{n}]" not in compiled.as_text()
+
+
+@pytest.mark.parametrize(
+    "channels, length, kernel, ratio, with_beta, dtype",
+    [
+        (6, 11, 12, 2, True, torch.float32),  # BigVGAN's filters (LTX-2.3, MiniMax-H3)
+        (4, 5, 8, 2, False, torch.float32),  # plain Snake (LTX-2's vocoder configs allow it)
+        (3, 7, 9, 3, True, torch.float32),  # an odd kernel at another ratio
+        (5, 9, 12, 2, True, torch.bfloat16),  # a bfloat16 signal, float32 parameters: computed as they promote
+    ],
+    ids=["snakebeta", "snake", "odd-kernel", "promoted"],
+)
+def test_anti_aliased_snake_lowers_to_one_function_equal_to_pytorchs(channels, length, kernel, ratio, with_beta, dtype):
+    """The vocoders' anti-aliased SnakeBeta under the runtime equals the op's own PyTorch body, dtype included, and
+    runs as one jitted function its calls share: traced once a shape, not op by op."""
+    import jax
+    import jax.numpy as jnp
+
+    from converter.models.common.layers_torch import anti_aliased_snake
+    from converter.torchax_runtime import torchax_env
+
+    env = torchax_env()
+    from torchax import interop
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, channels, length, generator=generator).to(dtype)
+    up, down = (torch.rand(kernel, generator=generator) / kernel for _ in range(2))
+    alpha, beta = (torch.randn(channels, generator=generator) * 0.3 for _ in range(2))
+    params = (up, down, alpha, beta if with_beta else None)
+    expected = anti_aliased_snake(x, *params, ratio)
+
+    def twice(x, *params):  # two activations of one shape, as a vocoder's resblock runs them
+        with env:
+            x, params = interop.torch_view((x, params))
+            return [anti_aliased_snake(x, *params, ratio).jax() for _ in range(2)]
+
+    arrays = [jnp.asarray(x.float().numpy()).astype(str(x.dtype).removeprefix("torch."))]
+    arrays += [None if p is None else jnp.asarray(p.numpy()) for p in params]
+    got, _ = twice(*arrays)
+    assert expected.dtype == torch.float32 and got.dtype == jnp.float32
+    assert np.abs(np.asarray(got) - expected.numpy()).max() <= 1e-6
+    calls = [
+        e.params["jaxpr"]
+        for e in jax.make_jaxpr(twice)(*arrays).jaxpr.eqns
+        if e.primitive.name in ("pjit", "jit") and e.params["name"] == "anti_aliased_snake"
+    ]
+    assert len(calls) == 2 and calls[0] is calls[1]

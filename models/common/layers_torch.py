@@ -53,6 +53,76 @@ def channels_last_1d(x, call):
     return call(x.transpose(1, 2)).transpose(1, 2)
 
 
+def fir(x, taps, stride: int = 1):
+    """Every channel of x (B, L, C) through one filter `taps` (K,): a depthwise Conv1d (a correlation, no padding)
+    with `stride`, as diffusers'."""
+    channels = x.shape[-1]
+    weight = taps.view(1, 1, -1).expand(channels, 1, -1)
+    return F.conv1d(x.transpose(1, 2), weight, stride=stride, groups=channels).transpose(1, 2)
+
+
+def transposed_fir(x, taps, ratio: int):
+    """A depthwise ConvTranspose1d of x (B, L, C) with `taps` (K,) and stride `ratio`, (L - 1) x ratio + K samples:
+    each of the `ratio` phases a full convolution of x with every `ratio`-th tap, interleaved."""
+    (batch, length, channels), k = x.shape, taps.shape[0]
+    per_phase = -(-k // ratio)
+    taps = F.pad(taps, (0, per_phase * ratio - k))
+    x = F.pad(x, (0, 0, per_phase - 1, per_phase - 1))
+    phases = torch.stack([fir(x, taps[p::ratio].flip(0)) for p in range(ratio)], dim=2)
+    return phases.reshape(batch, -1, channels)[:, : (length - 1) * ratio + k]
+
+
+def replicate(x, left: int, right: int):
+    """x (B, L, C) with its first sample repeated `left` times before it and its last `right` times after."""
+    return torch.cat([edge_copies(x, 1, 0, left), x, edge_copies(x, 1, -1, right)], dim=1)
+
+
+def upsample(x, taps, ratio: int, pad: int, crop: tuple[int, int]):
+    """Zero-stuffing of x (B, L, C) by `ratio` through the low-pass filter `taps` (a depthwise transposed
+    convolution), edges replicated by `pad` first and `crop` (start, end) samples dropped after."""
+    y = ratio * transposed_fir(replicate(x, pad, pad), taps.to(x.dtype), ratio)
+    return y[:, crop[0] : y.shape[1] - crop[1]]
+
+
+def snake_beta(x, log_alpha, log_beta, channel_dim: int):
+    """x + sin²(αx)/β per channel (`channel_dim`), α and β given as logarithms (no β: β = α, plain Snake)."""
+    shape = [1] * x.ndim
+    shape[channel_dim] = -1
+    alpha = torch.exp(log_alpha).view(shape)
+    amplitude = alpha if log_beta is None else torch.exp(log_beta).view(shape)
+    return x + (1.0 / (amplitude + 1e-9)) * torch.sin(x * alpha).pow(2)
+
+
+@torch.library.custom_op("vae_convert::anti_aliased_snake", mutates_args=())
+def anti_aliased_snake(
+    x: torch.Tensor,
+    up_taps: torch.Tensor,
+    down_taps: torch.Tensor,
+    log_alpha: torch.Tensor,
+    log_beta: torch.Tensor | None,
+    ratio: int,
+) -> torch.Tensor:
+    """snake_beta at `ratio` times the rate of x (B, C, L): upsampled through `up_taps` (K,), activated, low-passed
+    through `down_taps` (K,) and decimated back to L samples, each filter's edges replicated (diffusers'
+    Activation1d, computed channels-last as channels_last_1d says). The torchax runtime lowers it to the Flax models'
+    jitted function (models/common/resample.py), traced once a shape rather than op by op at every call."""
+    k = up_taps.shape[0]
+    pad = k // ratio - 1
+    crop = (pad * ratio + (k - ratio) // 2, pad * ratio + (k - ratio + 1) // 2)
+
+    def channels_last(x):
+        y = snake_beta(upsample(x, up_taps, ratio, pad, crop), log_alpha, log_beta, -1)
+        k = down_taps.shape[0]
+        return fir(replicate(y, k // 2 + k % 2 - 1, k // 2), down_taps.to(y.dtype), ratio)
+
+    return channels_last_1d(x, channels_last)
+
+
+@anti_aliased_snake.register_fake
+def _(x, up_taps, down_taps, log_alpha, log_beta, ratio):
+    return x.new_empty(x.shape, dtype=torch.promote_types(x.dtype, log_alpha.dtype))
+
+
 ATTENTION_BLOCK = 1024  # queries a step of the frame-causal scores at once (as models/common/attention.py on a CPU)
 
 

@@ -12,11 +12,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from ..common.conv import conv_general_dilated, depthwise_1d
+from ..common.conv import conv_general_dilated
 from ..common.inputs import expect_spectrogram
 from ..common.layers_flax import Buffer, Conv
 from ..common.precision import plus_bias
-from ..common.sine import sin
+from ..common.resample import anti_aliased_snake, snake_beta, upsample
 from ..common.steps_flax import run_image
 from ..common.tiling import TilingMixin
 from .config import LTX2VocoderConfig, LTX2VocoderWithBWEConfig
@@ -59,58 +59,12 @@ class ConvTranspose1d(nnx.Module):
         return plus_bias(y, self.bias[...], x.dtype)
 
 
-def fir(x, taps, *, stride=1):
-    """Every channel of x (B, L, C) through one filter `taps` (K,), as PyTorch's depthwise Conv1d (a correlation,
-    no padding) with `stride`, summed in float32 and rounded once."""
-    return depthwise_1d(x, taps, stride).astype(x.dtype)
+class Filter(nnx.Module):
+    """An anti-aliased activation's stored filter (1, 1, K): diffusers' UpSample1d's (a Kaiser filter) or
+    DownSample1d's (the low-pass before decimation), kept as their `filter` buffer."""
 
-
-def transposed_fir(x, taps, ratio):
-    """PyTorch's depthwise ConvTranspose1d of x (B, L, C) with `taps` (K,) and stride `ratio`, (L - 1) x ratio + K
-    samples: each of the `ratio` phases a full convolution of x with every `ratio`-th tap, interleaved."""
-    (batch, length, channels), k = x.shape, taps.shape[0]
-    per_phase = -(-k // ratio)
-    taps = jnp.pad(taps, (0, per_phase * ratio - k))
-    x = jnp.pad(x, ((0, 0), (per_phase - 1, per_phase - 1), (0, 0)))
-    phases = jnp.stack([fir(x, taps[p::ratio][::-1]) for p in range(ratio)], axis=2)
-    return phases.reshape(batch, -1, channels)[:, : (length - 1) * ratio + k]
-
-
-def replicate(x, left, right):
-    return jnp.pad(x, ((0, 0), (left, right), (0, 0)), mode="edge")
-
-
-class DownSample1d(nnx.Module):
-    """Low-pass filter then keep every `ratio`-th sample; the filter is a stored buffer (1, 1, K)."""
-
-    def __init__(self, ratio, kernel_size, *, param_dtype):
-        self.ratio, self.pad = ratio, (kernel_size // 2 + kernel_size % 2 - 1, kernel_size // 2)
+    def __init__(self, kernel_size, *, param_dtype):
         self.filter = Buffer(jnp.zeros((1, 1, kernel_size), param_dtype))
-
-    def __call__(self, x):
-        return fir(replicate(x, *self.pad), self.filter[0, 0], stride=self.ratio)
-
-
-def upsample(x, taps, ratio, pad, crop):
-    """Zero-stuffing by `ratio` through the low-pass filter `taps` (PyTorch's depthwise transposed convolution),
-    edges replicated by `pad` first and `crop` (start, end) samples dropped after."""
-    y = ratio * transposed_fir(replicate(x, pad, pad), taps, ratio)
-    return y[:, crop[0] : y.shape[1] - crop[1]]
-
-
-class UpSample1d(nnx.Module):
-    """The anti-aliased activations' upsampler: a stored Kaiser filter (1, 1, K)."""
-
-    def __init__(self, ratio, kernel_size, *, param_dtype):
-        self.ratio, self.pad = ratio, kernel_size // ratio - 1
-        self.crop = (
-            self.pad * ratio + (kernel_size - ratio) // 2,
-            self.pad * ratio + (kernel_size - ratio + 1) // 2,
-        )
-        self.filter = Buffer(jnp.zeros((1, 1, kernel_size), param_dtype))
-
-    def __call__(self, x):
-        return upsample(x, self.filter[0, 0], self.ratio, self.pad, self.crop)
 
 
 class SnakeBeta(nnx.Module):
@@ -121,9 +75,7 @@ class SnakeBeta(nnx.Module):
         self.beta = nnx.Param(jnp.zeros((channels,), param_dtype)) if use_beta else None
 
     def __call__(self, x):
-        alpha = jnp.exp(self.alpha[...]).astype(x.dtype)
-        amplitude = jnp.exp(self.beta[...]).astype(x.dtype) if self.beta is not None else alpha
-        return x + (1.0 / (amplitude + 1e-9)) * sin(x * alpha) ** 2
+        return snake_beta(x, self.alpha[...], None if self.beta is None else self.beta[...])
 
 
 class LeakyReLU(nnx.Module):
@@ -134,23 +86,19 @@ class LeakyReLU(nnx.Module):
         return jax.nn.leaky_relu(x, self.negative_slope)
 
 
-@jax.jit
-def anti_aliased(upsample, act, downsample, x):
-    """`act` at twice the rate. Jitted on its own: a vocoder runs hundreds of these, a few shapes among them, and
-    JAX traces and lowers each (modules' structure, input shape) once, not once a call (XLA inlines the calls)."""
-    return downsample(act(upsample(x)))
-
-
 class AntiAliasAct1d(nnx.Module):
-    """An activation at twice the rate: upsampled, activated, low-passed back down."""
+    """A SnakeBeta at `ratio` times the rate: upsampled, activated, low-passed back down (models/common/resample.py)."""
 
-    def __init__(self, act, ratio, kernel_size, *, param_dtype):
-        self.upsample = UpSample1d(ratio, kernel_size, param_dtype=param_dtype)
+    def __init__(self, act: SnakeBeta, ratio, kernel_size, *, param_dtype):
+        self.ratio = ratio
+        self.upsample = Filter(kernel_size, param_dtype=param_dtype)
         self.act = act
-        self.downsample = DownSample1d(ratio, kernel_size, param_dtype=param_dtype)
+        self.downsample = Filter(kernel_size, param_dtype=param_dtype)
 
     def __call__(self, x):
-        return anti_aliased(self.upsample, self.act, self.downsample, x)
+        beta = None if self.act.beta is None else self.act.beta[...]
+        taps = self.upsample.filter[0, 0], self.downsample.filter[0, 0]
+        return anti_aliased_snake(x, *taps, self.act.alpha[...], beta, self.ratio)
 
 
 def activation(config: LTX2VocoderConfig, channels, *, param_dtype):

@@ -12,71 +12,34 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..common.inputs import expect_spectrogram
-from ..common.layers_torch import channels_last_1d, edge_copies
+from ..common.layers_torch import anti_aliased_snake, channels_last_1d, snake_beta, upsample
 from ..common.outputs import DecoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
 from .config import LTX2VocoderConfig, LTX2VocoderWithBWEConfig
 from .filters import hann_resampler
 
 
-def fir(x, taps, stride: int = 1):
-    """Every channel of x (B, L, C) through one filter `taps` (K,): a depthwise Conv1d (a correlation, no padding)
-    with `stride`, as diffusers' (on CPU the torchax runtime computes it as the Flax model does: models/common/conv.py,
-    depthwise_1d)."""
-    channels = x.shape[-1]
-    weight = taps.view(1, 1, -1).expand(channels, 1, -1)
-    return F.conv1d(x.transpose(1, 2), weight, stride=stride, groups=channels).transpose(1, 2)
+class Filter(nn.Module):
+    """An anti-aliased activation's stored filter (1, 1, K): diffusers' UpSample1d's (a Kaiser filter) or
+    DownSample1d's (the low-pass before decimation), kept as their `filter` buffer."""
 
-
-def transposed_fir(x, taps, ratio: int):
-    """A depthwise ConvTranspose1d of x (B, L, C) with `taps` (K,) and stride `ratio`, (L - 1) x ratio + K samples:
-    each of the `ratio` phases a full convolution of x with every `ratio`-th tap, interleaved."""
-    (batch, length, channels), k = x.shape, taps.shape[0]
-    per_phase = -(-k // ratio)
-    taps = F.pad(taps, (0, per_phase * ratio - k))
-    x = F.pad(x, (0, 0, per_phase - 1, per_phase - 1))
-    phases = torch.stack([fir(x, taps[p::ratio].flip(0)) for p in range(ratio)], dim=2)
-    return phases.reshape(batch, -1, channels)[:, : (length - 1) * ratio + k]
-
-
-def replicate(x, left: int, right: int):
-    """x (B, L, C) with its first sample repeated `left` times before it and its last `right` times after."""
-    return torch.cat([edge_copies(x, 1, 0, left), x, edge_copies(x, 1, -1, right)], dim=1)
-
-
-class DownSample1d(nn.Module):
-    """Low-pass filter then keep every `ratio`-th sample of x (B, L, C); the filter is a stored buffer."""
-
-    def __init__(self, ratio: int, kernel_size: int):
+    def __init__(self, kernel_size: int):
         super().__init__()
-        self.ratio, self.pad = ratio, (kernel_size // 2 + kernel_size % 2 - 1, kernel_size // 2)
         self.register_buffer("filter", torch.zeros(1, 1, kernel_size))
-
-    def forward(self, x):
-        return fir(replicate(x, *self.pad), self.filter[0, 0].to(x.dtype), self.ratio)
 
 
 class UpSample1d(nn.Module):
-    """Zero-stuffing of x (B, L, C) by `ratio` through a low-pass filter (a depthwise transposed convolution), edges
-    replicated first and cropped after: the anti-aliased activations' (a stored Kaiser filter) or the resampler's (a
-    computed Hann filter, `hann=True`, not a checkpoint buffer)."""
+    """The bandwidth extender's resampler: zero-stuffing of x (B, L, C) by `ratio` through a computed Hann filter
+    (filters.py; not a checkpoint buffer), edges replicated first and cropped after."""
 
-    def __init__(self, ratio: int, kernel_size: int = 12, hann: bool = False):
+    def __init__(self, ratio: int):
         super().__init__()
         self.ratio = ratio
-        if hann:
-            taps, self.pad, left, right = hann_resampler(ratio)
-            self.register_buffer("filter", torch.from_numpy(taps).view(1, 1, -1), persistent=False)
-        else:
-            self.pad = kernel_size // ratio - 1
-            left = self.pad * ratio + (kernel_size - ratio) // 2
-            right = self.pad * ratio + (kernel_size - ratio + 1) // 2
-            self.register_buffer("filter", torch.zeros(1, 1, kernel_size))
-        self.crop = (left, right)
+        taps, self.pad, *self.crop = hann_resampler(ratio)
+        self.register_buffer("filter", torch.from_numpy(taps).view(1, 1, -1), persistent=False)
 
     def forward(self, x):
-        x = self.ratio * transposed_fir(replicate(x, self.pad, self.pad), self.filter[0, 0].to(x.dtype), self.ratio)
-        return x[:, self.crop[0] : x.shape[1] - self.crop[1]]
+        return upsample(x, self.filter[0, 0], self.ratio, self.pad, self.crop)
 
 
 class SnakeBeta(nn.Module):
@@ -87,26 +50,23 @@ class SnakeBeta(nn.Module):
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels)) if use_beta else None
 
-    def forward(self, x, channel_dim: int = 1):
-        shape = [1] * x.ndim
-        shape[channel_dim] = -1
-        alpha = torch.exp(self.alpha).view(shape)
-        amplitude = torch.exp(self.beta).view(shape) if self.beta is not None else alpha
-        return x + (1.0 / (amplitude + 1e-9)) * torch.sin(x * alpha).pow(2)
+    def forward(self, x):
+        return snake_beta(x, self.alpha, self.beta, 1)
 
 
 class AntiAliasAct1d(nn.Module):
-    """An activation at twice the rate: upsampled, activated, low-passed back down, with the channel axis last
-    (channels_last_1d)."""
+    """A SnakeBeta at `ratio` times the rate: upsampled, activated, low-passed back down (anti_aliased_snake)."""
 
-    def __init__(self, act: nn.Module, ratio: int, kernel_size: int):
+    def __init__(self, act: SnakeBeta, ratio: int, kernel_size: int):
         super().__init__()
-        self.upsample = UpSample1d(ratio, kernel_size)
+        self.ratio = ratio
+        self.upsample = Filter(kernel_size)
         self.act = act
-        self.downsample = DownSample1d(ratio, kernel_size)
+        self.downsample = Filter(kernel_size)
 
     def forward(self, x):
-        return channels_last_1d(x, lambda last: self.downsample(self.act(self.upsample(last), channel_dim=-1)))
+        taps = self.upsample.filter[0, 0], self.downsample.filter[0, 0]
+        return anti_aliased_snake(x, *taps, self.act.alpha, self.act.beta, self.ratio)
 
 
 def activation(config: LTX2VocoderConfig, channels: int, use_beta: bool) -> nn.Module:
@@ -243,7 +203,7 @@ class LTX2VocoderWithBWE(ChunkedAutoencoder):
         self.vocoder = LTX2Vocoder(config.vocoder)
         self.bwe_generator = LTX2Vocoder(config.bwe)
         self.mel_stft = MelSTFT(config)
-        self.resampler = UpSample1d(config.resample_ratio, hann=True)
+        self.resampler = UpSample1d(config.resample_ratio)
 
     def decoder(self, mel, cache=None):
         """The part: (B, C, T, mel bins) -> (B, out_channels, T x hop), whole (no cache)."""

@@ -15,7 +15,7 @@ from ..common.inputs import expect_sequence
 from ..common.layers_torch import channels_last_1d, frame_causal_attention
 from ..common.outputs import DecoderOutput, EncoderOutput
 from ..common.steps_torch import ChunkedAutoencoder
-from ..ltx2vocoder.modeling_torch import AntiAliasAct1d, DownSample1d, SnakeBeta
+from ..ltx2vocoder.modeling_torch import AntiAliasAct1d, Filter, SnakeBeta
 from .config import AutoencoderKLMiniMaxH3AudioConfig, adaptive_pool_matrix
 
 ANTIALIAS_RATIO, ANTIALIAS_KERNEL = 2, 12  # diffusers' Activation1d defaults, which the released model uses
@@ -75,14 +75,15 @@ class MiniMaxH3AudioSnake1d(nn.Module):
 
 
 class MiniMaxH3AudioDownSample1d(nn.Module):
-    """The anti-aliased downsampler, its filter under `lowpass` as diffusers nests it."""
+    """The anti-aliased activation's low-pass filter, nested under `lowpass` as diffusers nests it."""
 
-    def __init__(self, ratio: int, kernel_size: int):
+    def __init__(self, kernel_size: int):
         super().__init__()
-        self.lowpass = DownSample1d(ratio, kernel_size)
+        self.lowpass = Filter(kernel_size)
 
-    def forward(self, x):
-        return self.lowpass(x)
+    @property
+    def filter(self) -> torch.Tensor:
+        return self.lowpass.filter
 
 
 class MiniMaxH3AudioActivation1d(AntiAliasAct1d):
@@ -91,7 +92,7 @@ class MiniMaxH3AudioActivation1d(AntiAliasAct1d):
 
     def __init__(self, channels: int):
         super().__init__(SnakeBeta(channels), ANTIALIAS_RATIO, ANTIALIAS_KERNEL)
-        self.downsample = MiniMaxH3AudioDownSample1d(ANTIALIAS_RATIO, ANTIALIAS_KERNEL)
+        self.downsample = MiniMaxH3AudioDownSample1d(ANTIALIAS_KERNEL)
 
 
 class MiniMaxH3AudioResidualUnit(nn.Module):
