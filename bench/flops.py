@@ -53,8 +53,8 @@ def encoded_shape(model: str, sample: list[int], small: bool = False) -> list[in
 def _count_own_ops():
     """FlopCounterMode counts the project's own PyTorch ops (models/common/layers_torch.py) as the reference runs what
     they stand for: the upsamplers' convolution as diffusers' convolution of the upsampled input, the frame-causal
-    attention as diffusers' masked attention over every token (on the meta device an op of ours runs no ATen op
-    inside, and would count nothing)."""
+    attention as diffusers' masked attention over every token, the anti-aliased SnakeBeta as diffusers' Activation1d
+    filters (on the meta device an op of ours runs no ATen op inside, and would count nothing)."""
     import torch
     from torch.utils.flop_counter import conv_flop_count, register_flop_formula, sdpa_flop_count
 
@@ -65,6 +65,18 @@ def _count_own_ops():
     @register_flop_formula(ops.upsampled_conv)
     def _(x_shape, w_shape, bias_shape, edge, *, out_shape, **kwargs):
         return conv_flop_count([*x_shape[:-2], 2 * x_shape[-2], 2 * x_shape[-1]], w_shape, out_shape)
+
+    @register_flop_formula(ops.anti_aliased_snake)
+    def _(x_shape, up_shape, down_shape, alpha_shape, beta_shape, ratio, *, out_shape, **kwargs):
+        # a depthwise transposed convolution of the edge-padded input, then a strided depthwise one of the activated
+        # signal, edge-padded to K - 1 samples more than the upsampled length
+        batch, channels, length = x_shape
+        up, down = up_shape[0], down_shape[0]
+        padded = [batch, channels, length + 2 * (up // ratio - 1)]
+        upsampled = [batch, channels, length * ratio + down - 1]
+        return conv_flop_count(padded, [channels, 1, up], None, transposed=True) + conv_flop_count(
+            upsampled, [channels, 1, down], out_shape
+        )
 
     @register_flop_formula(ops.frame_causal_attention)
     def _(q_shape, k_shape, v_shape, frames, *, out_shape, **kwargs):  # (B, N, C): one head

@@ -61,27 +61,18 @@ def fir(x, taps, stride: int = 1):
     return F.conv1d(x.transpose(1, 2), weight, stride=stride, groups=channels).transpose(1, 2)
 
 
-def transposed_fir(x, taps, ratio: int):
-    """A depthwise ConvTranspose1d of x (B, L, C) with `taps` (K,) and stride `ratio`, (L - 1) x ratio + K samples:
-    each of the `ratio` phases a full convolution of x with every `ratio`-th tap, interleaved."""
-    (batch, length, channels), k = x.shape, taps.shape[0]
-    per_phase = -(-k // ratio)
-    taps = F.pad(taps, (0, per_phase * ratio - k))
-    x = F.pad(x, (0, 0, per_phase - 1, per_phase - 1))
-    phases = torch.stack([fir(x, taps[p::ratio].flip(0)) for p in range(ratio)], dim=2)
-    return phases.reshape(batch, -1, channels)[:, : (length - 1) * ratio + k]
-
-
 def replicate(x, left: int, right: int):
     """x (B, L, C) with its first sample repeated `left` times before it and its last `right` times after."""
     return torch.cat([edge_copies(x, 1, 0, left), x, edge_copies(x, 1, -1, right)], dim=1)
 
 
 def upsample(x, taps, ratio: int, pad: int, crop: tuple[int, int]):
-    """Zero-stuffing of x (B, L, C) by `ratio` through the low-pass filter `taps` (a depthwise transposed
-    convolution), edges replicated by `pad` first and `crop` (start, end) samples dropped after."""
-    y = ratio * transposed_fir(replicate(x, pad, pad), taps.to(x.dtype), ratio)
-    return y[:, crop[0] : y.shape[1] - crop[1]]
+    """Zero-stuffing of x (B, L, C) by `ratio` through the low-pass filter `taps` (a depthwise ConvTranspose1d, as
+    diffusers'), edges replicated by `pad` first and `crop` (start, end) samples dropped after."""
+    channels = x.shape[-1]
+    weight = taps.to(x.dtype).view(1, 1, -1).expand(channels, 1, -1)
+    y = F.conv_transpose1d(replicate(x, pad, pad).transpose(1, 2), weight, stride=ratio, groups=channels)
+    return (ratio * y).transpose(1, 2)[:, crop[0] : y.shape[-1] - crop[1]]
 
 
 def snake_beta(x, log_alpha, log_beta, channel_dim: int):
