@@ -196,7 +196,9 @@ def test_the_operations_counted_are_those_diffusers_model_runs(model_name, laten
 # audio decoders whose anti-aliased activations are the project's own op: the count against diffusers' own model run
 # under FlopCounterMode, which sees its functional filters (hooks see only layers)
 @pytest.mark.parametrize(
-    "model_name, latent", [("ltx-2.3:vocoder", [1, 2, 7, 16]), ("minimax-h3:audio_vae", [1, 8, 5])]
+    "model_name, latent",
+    [("ltx-2.3:vocoder", [1, 2, 7, 16]), ("minimax-h3:audio_vae", [1, 8, 5])],
+    ids=["ltx-2.3:vocoder", "minimax-h3:audio_vae"],
 )
 def test_the_operations_counted_are_those_diffusers_audio_decoders_run(model_name, latent):
     from torch.utils.flop_counter import FlopCounterMode
