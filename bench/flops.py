@@ -59,6 +59,7 @@ def _count_own_ops():
     from torch.utils.flop_counter import conv_flop_count, register_flop_formula, sdpa_flop_count
 
     from converter.models.common import layers_torch  # noqa: F401  (registers the ops)
+    from converter.models.common.anti_alias import edges
 
     ops = torch.ops.vae_convert
 
@@ -69,11 +70,12 @@ def _count_own_ops():
     @register_flop_formula(ops.anti_aliased_snake)
     def _(x_shape, up_shape, down_shape, alpha_shape, beta_shape, ratio, *, out_shape, **kwargs):
         # a depthwise transposed convolution of the edge-padded input, then a strided depthwise one of the activated
-        # signal, edge-padded to K - 1 samples more than the upsampled length
+        # signal, edge-padded
         batch, channels, length = x_shape
-        up, down = up_shape[0], down_shape[0]
-        padded = [batch, channels, length + 2 * (up // ratio - 1)]
-        upsampled = [batch, channels, length * ratio + down - 1]
+        (up,), (down,) = up_shape, down_shape
+        pad, _, down_pad = edges(up, down, ratio)
+        padded = [batch, channels, length + 2 * pad]
+        upsampled = [batch, channels, length * ratio + sum(down_pad)]
         return conv_flop_count(padded, [channels, 1, up], None, transposed=True) + conv_flop_count(
             upsampled, [channels, 1, down], out_shape
         )

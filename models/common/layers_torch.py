@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .anti_alias import edges
+
 
 def pad_edges(x, pads):
     """x (B, C, T, H, W) padded by repeating its edge frames, rows and columns: `pads` is (before, after) for T, H
@@ -97,14 +99,11 @@ def anti_aliased_snake(
     through `down_taps` (K,) and decimated back to L samples, each filter's edges replicated (diffusers'
     Activation1d, computed channels-last as channels_last_1d says). The torchax runtime lowers it to the Flax models'
     jitted function (models/common/resample.py), traced once a shape rather than op by op at every call."""
-    k = up_taps.shape[0]
-    pad = k // ratio - 1
-    crop = (pad * ratio + (k - ratio) // 2, pad * ratio + (k - ratio + 1) // 2)
+    pad, crop, down_pad = edges(up_taps.shape[0], down_taps.shape[0], ratio)
 
     def channels_last(x):
         y = snake_beta(upsample(x, up_taps, ratio, pad, crop), log_alpha, log_beta, -1)
-        k = down_taps.shape[0]
-        return fir(replicate(y, k // 2 + k % 2 - 1, k // 2), down_taps.to(y.dtype), ratio)
+        return fir(replicate(y, *down_pad), down_taps.to(y.dtype), ratio)
 
     return channels_last_1d(x, channels_last)
 

@@ -9,6 +9,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from .anti_alias import edges
 from .conv import depthwise_1d
 from .sine import sin
 
@@ -55,9 +56,6 @@ def anti_aliased_snake(x, up_taps, down_taps, log_alpha, log_beta, ratio):
     low-passed through `down_taps` (K,) and decimated back to L samples, each filter's edges replicated as BigVGAN's
     are. Jitted on its own: a vocoder runs hundreds of these, a few shapes among them, and JAX traces and lowers each
     shape once, not once a call (XLA inlines the calls)."""
-    k = up_taps.shape[0]
-    pad = k // ratio - 1
-    crop = (pad * ratio + (k - ratio) // 2, pad * ratio + (k - ratio + 1) // 2)
+    pad, crop, down_pad = edges(up_taps.shape[0], down_taps.shape[0], ratio)
     y = snake_beta(upsample(x, up_taps.astype(x.dtype), ratio, pad, crop), log_alpha, log_beta)
-    k = down_taps.shape[0]
-    return fir(replicate(y, k // 2 + k % 2 - 1, k // 2), down_taps.astype(y.dtype), stride=ratio)
+    return fir(replicate(y, *down_pad), down_taps.astype(y.dtype), stride=ratio)
