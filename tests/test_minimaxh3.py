@@ -18,7 +18,7 @@ from safetensors.torch import save_file
 
 import converter
 from converter.registry import FAMILIES
-from tests.helpers import PAIRINGS, run_cli, run_in_process, runner
+from tests.helpers import PAIRINGS, fails, manifest, run_cli, run_in_process, runner
 
 MINIMAXH3 = FAMILIES["minimaxh3"]
 
@@ -46,6 +46,33 @@ def test_a_latent_shorter_than_a_chunk_is_one_clear_error(outputs, target):
     z = np.zeros((1, 24, 2, 2, 2), np.float32)
     with pytest.raises(ValueError, match="at least 3 latent frames"):
         runner(target, models[target]).decode(z)
+
+
+def _with_config(default_arch, folder, **changes):
+    """The default architecture's checkpoint, and a config.json of its config with `changes` that keep its weights."""
+    converted = default_arch(MINIMAXH3)
+    folder.mkdir()
+    config = json.loads((converted.source / "config.json").read_text()) | changes
+    (folder / "config.json").write_text(json.dumps(config))
+    return converted.source, folder / "config.json"
+
+
+def test_a_level_that_downsamples_time_alone_is_refused(default_arch, tmp_path):
+    """diffusers' downsampler pads space only at a spatial stride of 2, so at 1 its 3x3x3 convolution shrinks every
+    frame by 2 pixels: latents would not map to pixels by the ratio, and the validation input would not encode."""
+    source, config = _with_config(default_arch, tmp_path / "c", spatial_downsample_factors=[1, 2])
+    fails(["minimax-h3", "--source", source, "--config", config, "--to", "flax", "--out", tmp_path / "o"], 3,
+          "level 0 downsamples in time alone", out=tmp_path / "o", in_process=True)  # fmt: skip
+
+
+def test_an_encode_that_drops_a_whole_clip_validates_on_more_clips(default_arch, tmp_path):
+    """With token_drop as many as a clip's latent frames (5 here), one clip encodes to none: the validation video
+    takes another clip, and the conversion validates against diffusers' encode of it."""
+    source, config = _with_config(default_arch, tmp_path / "c", token_drop=5)
+    run_in_process("minimax-h3", "--source", source, "--config", config, "--to", "flax", "--out", tmp_path / "o",
+                   "--no-preview", check=True)  # fmt: skip
+    shapes = {check["output"]: check["shape"] for check in manifest(tmp_path / "o")["validation"]["checks"]}
+    assert shapes["encode.mean"][2] == 5 and shapes["decode"][2] == 17, shapes
 
 
 def _original_file(folder, extra=None):

@@ -7,10 +7,12 @@ import dataclasses
 
 import numpy as np
 
-from ..common.config import LAYERS, MULTIPLIER, STRIDE, WIDTH, ConfigError, DiffusersConfig
+from ..common.config import LAYERS, MULTIPLIER, STRIDE, WIDTH, Bound, ConfigError, DiffusersConfig
 from ..common.tiling import TilePlan, _window
 
 ACTIVATIONS = ("relu", "silu", "swish", "mish", "gelu")  # diffusers' get_activation, which the blocks take
+# a level may hold no blocks: diffusers builds it of its strided or upsampling convolution alone
+BLOCKS = Bound(LAYERS.maximum, "blocks per level; the releases have up to 3", minimum=0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,8 +43,8 @@ class AutoencoderTinyConfig(DiffusersConfig):
         "decoder_block_out_channels": WIDTH,
         "latent_channels": WIDTH,
         "upsampling_scaling_factor": STRIDE,
-        "num_encoder_blocks": LAYERS,
-        "num_decoder_blocks": LAYERS,
+        "num_encoder_blocks": BLOCKS,
+        "num_decoder_blocks": BLOCKS,
         "latent_magnitude": MULTIPLIER,
     }
 

@@ -11,12 +11,13 @@ TAESD_LAYOUT = dict(
     num_encoder_blocks=[1, 2, 1, 1],
     num_decoder_blocks=[1, 1, 2, 1],
 )
-# TAESD3's and TAEF1's 16 latent channels; here three levels (4x), another width and activation
+# TAESD3's and TAEF1's 16 latent channels; here three levels (4x), another width and activation, a level of each
+# coder with no blocks (its convolution alone)
 SIXTEEN_CHANNELS = dict(
     encoder_block_out_channels=[12] * 3,
     decoder_block_out_channels=[12] * 3,
-    num_encoder_blocks=[1, 1, 2],
-    num_decoder_blocks=[2, 1, 1],
+    num_encoder_blocks=[1, 0, 2],
+    num_decoder_blocks=[2, 1, 0],
     latent_channels=16,
     act_fn="silu",
 )

@@ -113,6 +113,14 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
                 "config.json: block_out_channels, spatial_downsample_factors and temporal_downsample_factors differ "
                 "in length"
             )
+        # diffusers' downsampler pads space only for a spatial stride of 2: at stride 1 its 3x3x3 convolution cuts a
+        # row and a column off each side, so latents no longer map to pixels by the ratio
+        for level, (space, time) in enumerate(zip(self.spatial_downsample_factors, self.temporal_downsample_factors)):
+            if space == 1 and time > 1:
+                raise ConfigError(
+                    f"config.json: level {level} downsamples in time alone, where diffusers' downsampler also "
+                    "shrinks each frame by 2 pixels; a level that downsamples time must downsample space too"
+                )
         if any(c % self.norm_num_groups for c in self.block_out_channels):
             raise ConfigError("config.json: norm_num_groups must divide every block_out_channels entry")
         if self.spatial_padding_mode not in ("reflect", "replicate", "zeros", "circular"):
@@ -138,6 +146,19 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
         chunks, pad_tokens = self.decode_chunks(latent_frames)
         frames = chunks * (self.tokens_chunk_size * self.temporal_ratio - self.frame_pre_padding) + self.frame_overlap
         return frames - self.padded_frames(latent_frames, pad_tokens)
+
+    def encoded_frames(self, frames: int) -> int:
+        """Latent frames an encode of `frames` gives (diffusers' `_encode`): each clip's, the last filled, less the
+        `token_drop` at the end; one for a single image."""
+        return 1 if frames == 1 else -(-frames // self.clip_length) * self.tokens_chunk_size - self.token_drop
+
+    @property
+    def validation_frames(self) -> int:
+        """The validation video's frames: those one decoded chunk gives, in more whole clips where an encode of those
+        would drop every latent frame (a `token_drop` of as many as a clip gives, or more)."""
+        frames = self.decoded_frames(self.tokens_chunk_size + self.token_overlap)
+        clips_short = -(-(self.token_drop + 1) // self.tokens_chunk_size) - -(-frames // self.clip_length)
+        return frames + max(clips_short, 0) * self.clip_length
 
     @property
     def min_decoded_latent_frames(self) -> int:

@@ -48,7 +48,7 @@ MINIMAXH3 = FamilySpec(
     validation_sample_shape=lambda c: (
         1,
         c.in_channels,
-        c.decoded_frames(c.tokens_chunk_size + c.token_overlap),
+        c.validation_frames,
         2 * c.spatial_ratio,
         2 * c.spatial_ratio,
     ),
