@@ -1,8 +1,9 @@
-"""MiniMax-H3's video VAE beyond the generic tests (which take its small configs, clip and chunk frame counts and
-tiling case from models/minimaxh3/testing.py): tiling starts on with diffusers' tiles, as the model was released;
-a latent too short for one chunk is one clear error; MiniMax's original file (fused per-head q/k/v, swapped SwiGLU
-halves) converts to what diffusers' conversion script makes of it, value for value, and so does ComfyUI's, with the
-latents' statistics it keeps as tensors."""
+"""MiniMax-H3's video VAE beyond the generic tests (which take its small configs, clip and chunk frame counts and tiling
+case from models/minimaxh3/testing.py): tiling starts on with diffusers' tiles, as the model was released; a latent too
+short for one chunk is one clear error; configs whose geometry diffusers' model cannot keep are refused, and one whose
+encode drops a whole clip validates on more clips; MiniMax's original file (fused per-head q/k/v, swapped SwiGLU halves)
+converts to what diffusers' conversion script makes of it, value for value, and so does ComfyUI's, with the latents'
+statistics it keeps as tensors."""
 
 from __future__ import annotations
 
@@ -57,12 +58,20 @@ def _with_config(default_arch, folder, **changes):
     return converted.source, folder / "config.json"
 
 
-def test_a_level_that_downsamples_time_alone_is_refused(default_arch, tmp_path):
-    """diffusers' downsampler pads space only at a spatial stride of 2, so at 1 its 3x3x3 convolution shrinks every
-    frame by 2 pixels: latents would not map to pixels by the ratio, and the validation input would not encode."""
-    source, config = _with_config(default_arch, tmp_path / "c", spatial_downsample_factors=[1, 2])
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        # diffusers' downsampler pads space only at a spatial stride of 2: at 1 its 3x3x3 convolution shrinks every
+        # frame by 2 pixels, and latents would not map to pixels by the ratio
+        (dict(spatial_downsample_factors=[1, 2]), "level 0 downsamples in time alone"),
+        # diffusers' decode would slice chunks past the latent's end
+        (dict(token_drop=6), "token_drop 6 is more than the 5 latent frames"),
+    ],
+)
+def test_configs_whose_geometry_diffusers_cannot_keep_are_refused(default_arch, tmp_path, change, needle):
+    source, config = _with_config(default_arch, tmp_path / "c", **change)
     fails(["minimax-h3", "--source", source, "--config", config, "--to", "flax", "--out", tmp_path / "o"], 3,
-          "level 0 downsamples in time alone", out=tmp_path / "o", in_process=True)  # fmt: skip
+          needle, out=tmp_path / "o", in_process=True)  # fmt: skip
 
 
 def test_an_encode_that_drops_a_whole_clip_validates_on_more_clips(default_arch, tmp_path):

@@ -121,6 +121,14 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
                     f"config.json: level {level} downsamples in time alone, where diffusers' downsampler also "
                     "shrinks each frame by 2 pixels; a level that downsamples time must downsample space too"
                 )
+        # diffusers' decode runs (latent frames + token_drop) / tokens_chunk_size - 1 chunks: past a clip's latent
+        # frames, the last chunks start beyond the latent's end
+        if self.token_drop > self.tokens_chunk_size:
+            raise ConfigError(
+                f"config.json: token_drop {self.token_drop} is more than the {self.tokens_chunk_size} latent frames "
+                f"a clip of {self.clip_length} frames encodes to, so diffusers' decode would run chunks past the "
+                "latent's end"
+            )
         if any(c % self.norm_num_groups for c in self.block_out_channels):
             raise ConfigError("config.json: norm_num_groups must divide every block_out_channels entry")
         if self.spatial_padding_mode not in ("reflect", "replicate", "zeros", "circular"):
