@@ -1,8 +1,8 @@
 """LTX-Video's VAE beyond the generic tests (which take its small configs, frame counts, tiling, mesh and export
 cases from models/ltx/testing.py): 0.9.1's noise injection fed diffusers' own draws, the timestep at two values and
 per batch entry, a non-square size, diffusers' framewise temporal tiles, the latent
-statistics carried by both targets and recorded in the manifest, diffusers reading the torchax output, and
-Lightricks' single files of each layout, their config taken from their metadata."""
+statistics carried by both targets and recorded in the manifest, diffusers reading the torchax output, an encoder
+diffusers cannot run refused, and Lightricks' single files of each layout, their config taken from their metadata."""
 
 from __future__ import annotations
 
@@ -224,6 +224,19 @@ def _single_file(layout: str, state: dict, path: Path, vae_config: dict | None) 
     metadata = {} if vae_config is None else {"config": json.dumps({"vae": vae_config, "transformer": {}})}
     save_file(tensors, path, metadata=metadata)
     return path
+
+
+def test_an_encoder_block_that_keeps_its_width_before_a_wider_one_is_refused(tmp_path):
+    """0.9.5's and LTX-2's encoder blocks change width in their space-to-depth downsampler alone: where a level has
+    none, diffusers' encode fails on the next block's convolution; ours is refused before anything is written."""
+    name, config = small(LTX, "ltx-0.9.5")
+    config = {**config, "spatio_temporal_scaling": [False, True, True, True]}
+    reference = save_diffusers(LTX, tmp_path / "vae", config)
+    with pytest.raises(RuntimeError, match="channels"), torch.no_grad():
+        reference.encode(torch.zeros(1, 3, 9, 64, 64))
+    needle = "an encoder block of 8 channels with no space-to-depth downsampler"
+    fails([name, "--source", tmp_path / "vae", "--to", "flax", "--out", tmp_path / "o"], 3, needle, out=tmp_path / "o",
+          in_process=True)  # fmt: skip
 
 
 def test_metadata_configs_translate_to_diffusers_configs():

@@ -176,6 +176,15 @@ class LTXVideoVAEConfig(DiffusersConfig):
                 "one for the mid block"
             )
         for level in self.down_levels():
+            # only 0.9.0's block ends in a resnet to its width; the later ones change width in their
+            # space-to-depth downsampler alone, so without one the next block is handed this block's input width
+            keeps_width = level.block_type != "LTXVideoDownBlock3D" and level.downsample in (None, "conv")
+            if keeps_width and level.in_channels != level.out_channels:
+                raise ConfigError(
+                    f"config.json: an encoder block of {level.in_channels} channels with no space-to-depth "
+                    f"downsampler would hand them to one built for {level.out_channels} (block_out_channels, "
+                    "spatio_temporal_scaling and downsample_type do not fit together)"
+                )
             if level.downsample not in (None, "conv"):
                 product = math.prod(STRIDES[level.downsample])
                 if level.out_channels % product or (level.in_channels * product) % level.out_channels:
