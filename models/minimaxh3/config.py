@@ -162,11 +162,10 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
 
     @property
     def validation_frames(self) -> int:
-        """The validation video's frames: those one decoded chunk gives, in more whole clips where an encode of those
-        would drop every latent frame (a `token_drop` of as many as a clip gives, or more)."""
+        """The validation video's frames: those one decoded chunk gives, and a clip more where an encode of those
+        would drop every latent frame (a `token_drop` of a whole clip's)."""
         frames = self.decoded_frames(self.tokens_chunk_size + self.token_overlap)
-        clips_short = -(-(self.token_drop + 1) // self.tokens_chunk_size) - -(-frames // self.clip_length)
-        return frames + max(clips_short, 0) * self.clip_length
+        return frames if self.encoded_frames(frames) > 0 else frames + self.clip_length
 
     @property
     def min_decoded_latent_frames(self) -> int:
