@@ -32,7 +32,7 @@ def decode_in_chunks(run, z, config: AutoencoderKLMiniMaxH3Config, *, t_axis: in
     first `frame_pre_padding` frames, its overlapping part (where an encode drops frames) ramped into the next chunk's
     start; the frames of the repeated latent frames cut off."""
     frames = z.shape[t_axis]
-    decoded = config.decoded_frames(frames)  # refuses too few
+    config.decoded_frames(frames)  # refuses too few
     chunks, pad_tokens = config.decode_chunks(frames)
     last = _take(z, t_axis, slice(frames - 1, frames))
     z = concat([z] + [last] * pad_tokens, t_axis)
@@ -47,7 +47,8 @@ def decode_in_chunks(run, z, config: AutoencoderKLMiniMaxH3Config, *, t_axis: in
         if config.token_drop:
             overlap = _take(clip, t_axis, slice(size * ratio + pre, 2 * size * ratio))
     kept += [overlap] if overlap is not None else []
-    return _take(concat(kept, t_axis), t_axis, slice(0, decoded))
+    out = concat(kept, t_axis)
+    return _take(out, t_axis, slice(0, out.shape[t_axis] - config.padded_frames(frames, pad_tokens)))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -121,13 +121,13 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
                     f"config.json: level {level} downsamples in time alone, where diffusers' downsampler also "
                     "shrinks each frame by 2 pixels; a level that downsamples time must downsample space too"
                 )
-        # diffusers' decode runs (latent frames + token_drop) / tokens_chunk_size - 1 chunks: past a clip's latent
-        # frames, the last chunks start beyond the latent's end
-        if self.token_drop > self.tokens_chunk_size:
+        # diffusers' decode runs (latent frames + token_drop) / tokens_chunk_size - 1 chunks: from two clips' latent
+        # frames on, the last one starts at the latent's end
+        if self.token_drop >= 2 * self.tokens_chunk_size:
             raise ConfigError(
-                f"config.json: token_drop {self.token_drop} is more than the {self.tokens_chunk_size} latent frames "
-                f"a clip of {self.clip_length} frames encodes to, so diffusers' decode would run chunks past the "
-                "latent's end"
+                f"config.json: token_drop {self.token_drop} is two clips' latent frames or more (a clip of "
+                f"{self.clip_length} frames encodes to {self.tokens_chunk_size}), so diffusers' decode would run a "
+                "chunk past the latent's end"
             )
         if any(c % self.norm_num_groups for c in self.block_out_channels):
             raise ConfigError("config.json: norm_num_groups must divide every block_out_channels entry")
@@ -145,15 +145,21 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
 
     def decoded_frames(self, latent_frames: int) -> int:
         """Frames `latent_frames` decode to, as diffusers' `_decode` cuts them: each chunk's first part less the
-        frames in front, the last chunk's overlapping part, less the frames of repeated latent frames."""
+        frames in front, the last chunk's overlapping part, less the frames of repeated latent frames. Every chunk is
+        whole but where token_drop passes a clip's latent frames: then the last one is short, and has no overlap."""
         if latent_frames < self.min_decoded_latent_frames:
             raise ValueError(
                 f"decode: takes at least {self.min_decoded_latent_frames} latent frames (one chunk of "
                 f"{self.tokens_chunk_size} with the {self.token_drop} an encode drops); got {latent_frames}"
             )
         chunks, pad_tokens = self.decode_chunks(latent_frames)
-        frames = chunks * (self.tokens_chunk_size * self.temporal_ratio - self.frame_pre_padding) + self.frame_overlap
-        return frames - self.padded_frames(latent_frames, pad_tokens)
+        size, ratio, pre = self.tokens_chunk_size, self.temporal_ratio, self.frame_pre_padding
+        frames = overlap = 0
+        for start in range(0, chunks * size, size):
+            decoded = min(size + self.token_overlap, latent_frames + pad_tokens - start) * ratio
+            frames += max(min(decoded, size * ratio) - pre, 0)
+            overlap = max(min(decoded - size * ratio, size * ratio) - pre, 0) if self.token_drop else 0
+        return frames + overlap - self.padded_frames(latent_frames, pad_tokens)
 
     def encoded_frames(self, frames: int) -> int:
         """Latent frames an encode of `frames` gives (diffusers' `_encode`): each clip's, the last filled, less the
@@ -163,7 +169,7 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
     @property
     def validation_frames(self) -> int:
         """The validation video's frames: those one decoded chunk gives, and a clip more where an encode of those
-        would drop every latent frame (a `token_drop` of a whole clip's)."""
+        would drop every latent frame (a `token_drop` of a clip's latent frames or more)."""
         frames = self.decoded_frames(self.tokens_chunk_size + self.token_overlap)
         return frames if self.encoded_frames(frames) > 0 else frames + self.clip_length
 
