@@ -55,7 +55,8 @@ class AutoencoderTinyConfig(DiffusersConfig):
         raw = dict(raw)
         written = raw.pop("block_out_channels", None)
         config = super().from_dict(raw)
-        if written is not None and list(written) != list(config.decoder_block_out_channels):
+        widths = list(config.decoder_block_out_channels)
+        if written is not None and (not isinstance(written, (list, tuple)) or list(written) != widths):
             raise ConfigError(
                 "config.json: block_out_channels, which diffusers writes as the decoder's widths, differs from "
                 "decoder_block_out_channels"

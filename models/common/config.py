@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import reprlib
+import sys
 import types
 import typing
 
@@ -83,7 +84,7 @@ class DiffusersConfig:
             problem = _type_problem(raw[name], hints[name], cls.bounds.get(name))
             if problem:
                 raise ConfigError(f"config.json: {name} is {shown(raw[name])}, {problem}")
-        config = cls(**{k: _frozen(v) for k, v in raw.items() if k in known})
+        config = cls(**{k: _as_field(v, hints[k]) for k, v in raw.items() if k in known})
         config.ensure_supported()
         return config
 
@@ -109,9 +110,23 @@ class DiffusersConfig:
         return out
 
 
-def _frozen(value):
-    """JSON lists as tuples, nested ones too: a config is hashable and compares by value."""
-    return tuple(map(_frozen, value)) if isinstance(value, list) else value
+def _as_field(value, hint):
+    """A checked JSON value as its field holds it: lists as tuples, nested ones too (a config is hashable and
+    compares by value), and integers where the field takes numbers as floats (as Python computes with them; a
+    jitted function would take a large one as an int32 and overflow)."""
+    if isinstance(value, list):
+        lists = [arm for arm in _arms(hint) if typing.get_origin(arm) is tuple]
+        return tuple(_as_field(v, typing.get_args(lists[0])[0] if lists else None) for v in value)
+    if isinstance(value, int) and not isinstance(value, bool) and float in _arms(hint):
+        return float(value)
+    return value
+
+
+def _arms(hint) -> tuple:
+    """A field type's alternatives: `float | None` gives float and None."""
+    if hint is None:
+        return ()
+    return typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
 
 
 def _type_problem(value, hint, bound: Bound | None) -> str | None:
@@ -148,7 +163,7 @@ def _type_problem(value, hint, bound: Bound | None) -> str | None:
     if hint is float:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             return "expected a number"
-        if not math.isfinite(value):
+        if abs(value) > sys.float_info.max or not math.isfinite(value):  # an integer past any float, too
             return "expected a finite number"
         return _range_problem(value, "a number", bound) if bound else None
     if hint is str:

@@ -74,6 +74,8 @@ class AutoencoderKLLTX2AudioConfig(DiffusersConfig):
         return bool(self.attn_resolutions) and self.resolution // 2**level in self.attn_resolutions
 
     def ensure_supported(self):
+        if not self.ch_mult:
+            raise ConfigError("config.json: ch_mult is empty (a level each; diffusers' model needs one at least)")
         if self.norm_type not in ("pixel", "group"):
             raise ConfigError(f"config.json: norm_type {self.norm_type!r} is not supported (pixel, group)")
         if self.causality_axis not in CAUSALITY:
