@@ -150,6 +150,9 @@ class LTXVideoVAEConfig(DiffusersConfig):
         return self.upsample_residual
 
     def ensure_supported(self):
+        for name in ("block_out_channels", "decoder_block_out_channels", "down_block_types"):
+            if not getattr(self, name):
+                raise ConfigError(f"config.json: {name} is empty (diffusers' model needs a block at least)")
         unknown = sorted(set(self.down_block_types) - set(self.down_block_names))
         if unknown:
             raise ConfigError(
@@ -160,6 +163,11 @@ class LTXVideoVAEConfig(DiffusersConfig):
             raise ConfigError("config.json: down_block_types and spatio_temporal_scaling are shorter than the blocks")
         if len(self.layers_per_block) < levels + 1:
             raise ConfigError("config.json: layers_per_block needs one entry per block and one for the mid block")
+        if (
+            any(t != "LTXVideoDownBlock3D" for t in self.down_block_types[:levels])
+            and len(self.downsample_type) < levels
+        ):
+            raise ConfigError("config.json: downsample_type is shorter than the blocks")
         if any(t not in STRIDES for t in self.downsample_type[:levels]):
             raise ConfigError(f"config.json: downsample_type entries must be among {sorted(STRIDES)}")
         up = len(self.decoder_block_out_channels)
