@@ -17,7 +17,7 @@ from bench import diffusers_decode
 from converter import validate
 from converter.registry import FAMILIES, first_model, get_model
 from converter.targets import TARGETS, diffusers_shapes
-from tests.helpers import decode_inputs, fails, per_family, run_in_process
+from tests.helpers import decode_inputs, fails, per_family, run_in_process, small
 
 
 @pytest.mark.parametrize("family", per_family())
@@ -153,3 +153,22 @@ def test_bfloat16_is_no_further_from_float32_than_diffusers(default_arch, family
     for target in outputs:
         for part, measured in rows[target].items():
             assert measured["relative L2"] <= BFLOAT16_MARGIN * rows["diffusers"][part]["relative L2"], (target, part)
+
+
+@pytest.mark.parametrize("family", per_family())
+def test_a_config_list_left_empty_is_refused_by_name_or_builds(family):
+    """Each list a family's config holds, left empty (a config.json of a few bytes): a ConfigError (the CLI's exit 3
+    with its one line), or a config whose validation inputs, diffusers' model and our abstract Flax model all build;
+    never an error from deep inside the planning."""
+    from converter.models.common.config import ConfigError
+    from converter.structure_cache import flax_structure
+
+    full = family.config_class.from_dict(small(family, "default-arch")[1]).to_dict()
+    for field in [name for name, value in full.items() if isinstance(value, list)]:
+        try:
+            config = family.config_class.from_dict({**full, field: []})
+        except ConfigError:
+            continue
+        validate.validation_shapes(family, config)
+        assert diffusers_shapes(family, config), field
+        flax_structure(family.name, config, np.dtype(np.float32))
