@@ -156,7 +156,7 @@ def test_bfloat16_is_no_further_from_float32_than_diffusers(default_arch, family
 
 
 @pytest.mark.parametrize("family", per_family())
-def test_a_config_list_left_empty_is_refused_by_name_or_builds(family):
+def test_a_config_list_left_empty_is_refused_or_builds(family):
     """Each list a family's config holds, left empty (a config.json of a few bytes): a ConfigError (the CLI's exit 3
     with its one line), or a config whose validation inputs, diffusers' model and our abstract Flax model all build;
     never an error from deep inside the planning."""
