@@ -32,8 +32,7 @@ def decode_in_chunks(run, z, config: AutoencoderKLMiniMaxH3Config, *, t_axis: in
     first `frame_pre_padding` frames, its overlapping part (where an encode drops frames) ramped into the next chunk's
     start; the frames of the repeated latent frames cut off."""
     frames = z.shape[t_axis]
-    config.decoded_frames(frames)  # refuses too few
-    chunks, pad_tokens = config.decode_chunks(frames)
+    chunks, pad_tokens = config.decode_chunks(frames)  # refuses too few
     last = _take(z, t_axis, slice(frames - 1, frames))
     z = concat([z] + [last] * pad_tokens, t_axis)
     size, ratio, pre = config.tokens_chunk_size, config.temporal_ratio, config.frame_pre_padding

@@ -147,11 +147,6 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
         """Frames `latent_frames` decode to, as diffusers' `_decode` cuts them: each chunk's first part less the
         frames in front, the last chunk's overlapping part, less the frames of repeated latent frames. Every chunk is
         whole but where token_drop passes a clip's latent frames: then the last one is short, and has no overlap."""
-        if latent_frames < self.min_decoded_latent_frames:
-            raise ValueError(
-                f"decode: takes at least {self.min_decoded_latent_frames} latent frames (one chunk of "
-                f"{self.tokens_chunk_size} with the {self.token_drop} an encode drops); got {latent_frames}"
-            )
         chunks, pad_tokens = self.decode_chunks(latent_frames)
         size, ratio, pre = self.tokens_chunk_size, self.temporal_ratio, self.frame_pre_padding
         frames = overlap = 0
@@ -180,7 +175,13 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
 
     def decode_chunks(self, latent_frames: int) -> tuple[int, int]:
         """(chunks decoded, latent frames repeated at the end to fill the last one), as diffusers' `_decode`: where
-        an encode drops frames, the chunk after the last is its overlap alone, decoded with it."""
+        an encode drops frames, the chunk after the last is its overlap alone, decoded with it. Too few latent frames
+        for one chunk are refused (diffusers' decode fails inside)."""
+        if latent_frames < self.min_decoded_latent_frames:
+            raise ValueError(
+                f"decode: takes at least {self.min_decoded_latent_frames} latent frames (one chunk of "
+                f"{self.tokens_chunk_size} with the {self.token_drop} an encode drops); got {latent_frames}"
+            )
         tokens = latent_frames + self.token_drop
         pad_tokens = -tokens % self.tokens_chunk_size
         return (tokens + pad_tokens) // self.tokens_chunk_size - (self.token_drop > 0), pad_tokens
