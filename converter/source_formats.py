@@ -43,6 +43,14 @@ class KnownFormat:
         name, rules = self.fmt.candidates(key)
         return any(r.pattern.fullmatch(name) for r in rules)
 
+    def renames(self, key: str) -> bool:
+        """Whether a rule that keeps the key as a model weight matches it (a drop rule does not: LTX-2's audio VAE
+        format drops whatever is not under its prefix, so it knows every key of any file)."""
+        if not self.fmt.renames:
+            return self.knows(key)
+        name, rules = self.fmt.candidates(key)
+        return any(r.pattern.fullmatch(name) for r in rules if r not in self.fmt.drops)
+
 
 def ensure_models_known(rules: mapping.Mapping):
     """A format's `model` names a registered model (checked where the families are known, not when the YAML is
@@ -155,7 +163,8 @@ def closest_model(families, shapes: dict, preferred=None):
 def _no_fit(known: list[KnownFormat], shapes: dict) -> str:
     keys = list(shapes)
     shares = {id(k): sum(map(k.knows, keys)) for k in known}
-    closest = max(known, key=lambda k: shares[id(k)])
+    kept = {id(k): sum(map(k.renames, keys)) for k in known}
+    closest = max(known, key=lambda k: (kept[id(k)], shares[id(k)]))
     strangers = [k for k in keys if not closest.knows(k)]
     absent = closest.fmt.unfit_signature(shapes)
     told = []

@@ -335,6 +335,22 @@ def test_single_file_with_a_broken_metadata_config_or_of_the_other_generation_is
     )
 
 
+def test_a_single_file_no_format_fits_is_refused_naming_the_layout_nearest_it(tmp_path):
+    """A file of LTX-Video's keys that no format fits (0.9.0's, its last decoder level numbered one further and a
+    timestep scale beside it, as no release has them) is named after the layout whose rules keep the most of its
+    keys, with what it lacks; not after LTX-2's audio VAE format, which drops every key but its own and so knows
+    them all."""
+    state = save_diffusers(LTX, tmp_path / "vae", ltx_video_config(_small_original("0.9.0"))).state_dict()
+    whole = load_file(_single_file("0.9.0", state, tmp_path / "whole.safetensors", _small_original("0.9.0")))
+    cut = {k.replace("vae.decoder.up_blocks.9.", "vae.decoder.up_blocks.10."): v for k, v in whole.items()}
+    cut["vae.decoder.timestep_scale_multiplier"] = torch.tensor(1000.0)
+    save_file(cut, tmp_path / "cut.safetensors", metadata={"config": json.dumps({"vae": _small_original("0.9.0")})})
+    args = ["ltx-video", "--source", tmp_path / "cut.safetensors", "--to", "torchax", "--out", tmp_path / "out"]
+    needle = "closest: ltx-0.9.0 of ltx"
+    unknown = "keys it does not know: 'vae.decoder.timestep_scale_multiplier'"
+    fails(args, 3, needle, unknown, "'vae.decoder.up_blocks.9.", out=tmp_path / "out", in_process=True)
+
+
 def _with_metadata_config(source: Path, path: Path, value) -> Path:
     """`source` with its metadata's `config` set to `value` (any JSON value: the safetensors library itself writes
     strings only, so the header is written here)."""
