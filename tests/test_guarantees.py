@@ -1,7 +1,8 @@
 """What every family keeps, written once over the registry (a family registered at runtime is tested too):
 diffusers' `from_pretrained` reads its torchax output as the very model it converted; a checkpoint of it named as
 any other family is refused with the command that converts it (with its config.json, and as a weights file alone);
-its models check their inputs' rank, channels, batch and frames, in both targets."""
+its models check their inputs' rank, channels, batch and frames, and refuse the lengths diffusers' model cannot
+take, in both targets."""
 
 from __future__ import annotations
 
@@ -111,6 +112,50 @@ def test_every_model_checks_its_inputs(default_arch, family):
                 with pytest.raises(ValueError, match=f"^{call}: ") as caught:
                     getattr(model, call)(_zeros(target, layout))
                 assert "got shape" in str(caught.value) or "expected" in str(caught.value), (target, what)
+
+
+def _resized(shape: tuple) -> list[tuple]:
+    """Channels-first shapes of `shape`'s batch and channels, each length (frames, height, width, samples) in turn
+    made small, odd, off a hop or not a multiple of a stride."""
+    out = []
+    for axis in range(2, len(shape)):
+        n = shape[axis]
+        for value in sorted({1, 2, 3, 5, 7, n + 1} - {n}):
+            out.append((*shape[:axis], value, *shape[axis + 1 :]))
+    return out
+
+
+def _fails(reference, shape: tuple) -> bool:
+    try:
+        with torch.no_grad():
+            reference(torch.zeros(shape))
+    except (RuntimeError, ValueError, IndexError):
+        return True
+    return False
+
+
+@pytest.mark.parametrize("family", per_family())
+def test_what_diffusers_cannot_encode_or_decode_is_refused_by_its_lengths(default_arch, family):
+    """An input of the right rank and channels whose frames or sides diffusers' model cannot take (a frame count off
+    the space-to-depth hop, a side no multiple of the patch, a side too small for a reflection pad) raises one
+    ValueError saying what the model takes, in both targets, before any layer runs; not a reshape error deep
+    inside, nor an output diffusers has no answer for."""
+    converted = default_arch(family)
+    config = family.config_class.from_dict(dict(converted.reference.config))
+    inputs = validate.validation_shapes(family, config)
+    ours, theirs = decode_inputs(family, dict(converted.reference.config))
+    calls = {"decode": (inputs["latent"], lambda z: diffusers_decode(converted.reference, z, **theirs))}
+    if "sample" in inputs:
+        calls["encode"] = (inputs["sample"], converted.reference.encode)
+    models = {target: converter.load(folder) for target, folder in converted.outputs.items()}
+    for call, (shape, reference) in calls.items():
+        # what diffusers runs, the parity tests compare
+        for resized in filter(functools.partial(_fails, reference), _resized(shape)):
+            for target, model in models.items():
+                layout = resized if target != "flax" else (resized[0], *resized[2:], resized[1])
+                extra = ours if call == "decode" else {}
+                with pytest.raises(ValueError, match=f"^{call}: "):
+                    getattr(model, call)(_zeros(target, layout), **extra)
 
 
 @pytest.mark.parametrize("family", per_family())

@@ -67,6 +67,12 @@ class CogVideoXVAEConfig(DiffusersConfig):
             raise ConfigError("config.json: norm_num_groups must divide every block_out_channels entry")
 
     @property
+    def spatial_ratio(self) -> int:
+        """Pixels per latent along each side: each level but the last halves them (a stride-2 convolution after one
+        row and column of zeros, which needs two to leave one)."""
+        return 2 ** (len(self.block_out_channels) - 1)
+
+    @property
     def temporal_compress_level(self) -> int:
         return int(math.log2(self.temporal_compression_ratio))
 

@@ -119,6 +119,28 @@ class LTXVideoVAEConfig(DiffusersConfig):
         return self.temporal_compression_ratio or self.patch_size_t * 2 ** sum(self.encoder_scaling)
 
     @property
+    def encode_input_limits(self) -> dict:
+        """What an encode's input keeps (models/common/inputs.py): diffusers patchifies by patch_size, and each
+        space-to-depth downsampler folds its strides into channels (1 + hop * k frames, the first frame padded in
+        front); a strided convolution (0.9.0's) takes any size. PyTorch pads by reflection only a side wider than
+        the padding: the last level's, at 1/multiple of the input's."""
+        hop, multiple = 1, self.patch_size
+        for level in self.down_levels():
+            if level.downsample not in (None, "conv"):
+                time, height, _ = STRIDES[level.downsample]
+                hop, multiple = hop * time, multiple * height
+        return {"frame_hop": hop, "multiple": multiple, "minimum": multiple * self._reflected(self.encoder_padding)}
+
+    @property
+    def decode_input_limits(self) -> dict:
+        """A latent's sides, padded by reflection in the decoder's first convolutions, are wider than the padding."""
+        return {"minimum": self._reflected(self.decoder_padding)}
+
+    @staticmethod
+    def _reflected(padding: str) -> int:
+        return 2 if padding == "reflect" else 1
+
+    @property
     def is_095(self) -> bool:
         """diffusers' test for the 0.9.5 encoder layout (its last down block's type)."""
         return self.down_block_types[-1] == "LTXVideo095DownBlock3D"
@@ -153,6 +175,9 @@ class LTXVideoVAEConfig(DiffusersConfig):
         for name in ("block_out_channels", "decoder_block_out_channels", "down_block_types"):
             if not getattr(self, name):
                 raise ConfigError(f"config.json: {name} is empty (diffusers' model needs a block at least)")
+        if self.patch_size_t != 1:
+            # its decoder leaves patch_size_t out of its output width, and neither part runs
+            raise ConfigError(f"config.json: patch_size_t {self.patch_size_t}: diffusers' LTX classes run 1 only")
         unknown = sorted(set(self.down_block_types) - set(self.down_block_names))
         if unknown:
             raise ConfigError(

@@ -401,7 +401,7 @@ class AutoencoderKLLTXVideo(TilingMixin, nnx.Module):
     def encode(self, x, *, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), each (B, 1 + (T-1)/8, H/32, W/32, latent_channels) at 0.9.x's
         ratios."""
-        expect_video(x, self.config.in_channels, channels_last=True, what="encode")
+        expect_video(x, self.config.in_channels, channels_last=True, what="encode", **self.config.encode_input_limits)
         frames = (x.shape[1] - 1) // self.config.temporal_ratio + 1
         # diffusers' _encode tests the decoding switch for framewise tiles
         moments = run_clip(self, "encoder", x, frames, self.use_framewise_decoding, mesh)
@@ -416,7 +416,9 @@ class AutoencoderKLLTXVideo(TilingMixin, nnx.Module):
         noise-injecting decoder: a JAX key, an integer seed (NumPy draws, the same on every target), or the maps of
         one untiled decode (models/ltx/noise.py); None draws from NumPy's global generator, as diffusers draws from
         torch's."""
-        expect_video(z, self.config.latent_channels, channels_last=True, what="decode")
+        expect_video(
+            z, self.config.latent_channels, channels_last=True, what="decode", **self.config.decode_input_limits
+        )
         frames = (z.shape[1] - 1) * self.config.temporal_ratio + 1
         fixed = {}
         if self.config.timestep_conditioning:

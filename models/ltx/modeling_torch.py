@@ -338,7 +338,7 @@ class AutoencoderKLLTXVideo(ChunkedAutoencoder):
 
     def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video; `step` runs one clip or temporal tile (see ChunkedAutoencoder.run_chunks)."""
-        expect_video(x, self.config.in_channels, channels_last=False, what="encode")
+        expect_video(x, self.config.in_channels, channels_last=False, what="encode", **self.config.encode_input_limits)
         frames = (x.shape[2] - 1) // self.config.temporal_ratio + 1
         # diffusers' _encode tests the decoding switch for framewise tiles
         moments = self.run_clip("encoder", x, frames, self.use_framewise_decoding, step)
@@ -351,7 +351,9 @@ class AutoencoderKLLTXVideo(ChunkedAutoencoder):
         noise-injecting decoder: a torch.Generator, an integer seed (NumPy draws, the same on every target), or the
         maps of one untiled decode (models/ltx/noise.py); None draws from torch's global generator as diffusers
         does (the same maps after the same torch.manual_seed)."""
-        expect_video(z, self.config.latent_channels, channels_last=False, what="decode")
+        expect_video(
+            z, self.config.latent_channels, channels_last=False, what="decode", **self.config.decode_input_limits
+        )
         frames = (z.shape[2] - 1) * self.config.temporal_ratio + 1
         fixed = {}
         if self.config.timestep_conditioning:

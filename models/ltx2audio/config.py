@@ -68,6 +68,13 @@ class AutoencoderKLLTX2AudioConfig(DiffusersConfig):
         """Mel bins per latent bin: the encoder halves them at every level but the last."""
         return 2 ** (len(self.ch_mult) - 1)
 
+    @property
+    def smallest_encoded_sides(self) -> tuple[int, int]:
+        """(mel frames, mel bins) diffusers' encoder runs: its stride-2 downsamplers pad two zeros before along the
+        causal axis, which leaves a row of any length, and one after along the others, which needs two rows to leave
+        one, at every level but the last."""
+        return tuple(1 if sum(pad) == 2 else self.mel_ratio for pad in downsample_padding(self.causality_axis))
+
     def attention_at(self, level: int) -> bool:
         """Whether the level's resnets are each followed by attention: its resolution (`resolution` halved per
         level) is one of attn_resolutions."""

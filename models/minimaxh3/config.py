@@ -5,6 +5,7 @@ tile placement (tiling is on by default, as the model was released)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 from ..common.config import LAYERS, STRIDE, WIDTH, Bound, ConfigError, DiffusersConfig
@@ -167,6 +168,23 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
         would drop every latent frame (a `token_drop` of a clip's latent frames or more)."""
         frames = self.decoded_frames(self.tokens_chunk_size + self.token_overlap)
         return frames if self.encoded_frames(frames) > 0 else frames + self.clip_length
+
+    @property
+    def smallest_encoded_side(self) -> int:
+        """The least height and width diffusers' encoder runs: PyTorch pads by reflection only an axis wider than
+        the padding (each 3x3x3 convolution's 1, a downsampler's 1 after), and a strided convolution must leave a
+        row. The side shrinks level by level as the encoder's downsamplers shrink it."""
+        wider_than = 1 if self.spatial_padding_mode == "reflect" else 0
+
+        def runs(side: int) -> bool:
+            for space, time in zip(self.spatial_downsample_factors, self.temporal_downsample_factors):
+                if side <= wider_than:
+                    return False
+                if space * time > 1:
+                    side = (side + (space == 2) - 3) // space + 1
+            return side > wider_than
+
+        return next(side for side in itertools.count(1) if runs(side))
 
     @property
     def min_decoded_latent_frames(self) -> int:

@@ -409,6 +409,7 @@ class AutoencoderKLWan(TilingMixin, nnx.Module):
             channels_last=True,
             what="encode",
             multiple=config.encode_multiple,
+            minimum=config.spatial_ratio,
             frames=config.frames,
         )
         x = patchify(x, config.patch)

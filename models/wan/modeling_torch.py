@@ -378,6 +378,7 @@ class AutoencoderKLWan(ChunkedAutoencoder):
             channels_last=False,
             what="encode",
             multiple=config.encode_multiple,
+            minimum=config.spatial_ratio,
             frames=config.frames,
         )
         x = patchify(x, config.patch)
