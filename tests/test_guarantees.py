@@ -116,13 +116,14 @@ def test_every_model_checks_its_inputs(default_arch, family):
 
 def _resized(shape: tuple) -> list[tuple]:
     """Channels-first shapes of `shape`'s batch and channels, each length (frames, height, width, samples) in turn
-    made small, odd, off a hop or not a multiple of a stride."""
-    out = []
-    for axis in range(2, len(shape)):
-        n = shape[axis]
-        for value in sorted({1, 2, 3, 5, 7, n + 1} - {n}):
-            out.append((*shape[:axis], value, *shape[axis + 1 :]))
-    return out
+    made 1, 2 or 3 where shorter: below a downsampler's or a pad's least, off a frame hop, no multiple of a patch
+    (and cheap to run)."""
+    return [
+        (*shape[:axis], value, *shape[axis + 1 :])
+        for axis in range(2, len(shape))
+        for value in (1, 2, 3)
+        if value < shape[axis]
+    ]
 
 
 def _fails(reference, shape: tuple) -> bool:
