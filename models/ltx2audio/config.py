@@ -69,11 +69,12 @@ class AutoencoderKLLTX2AudioConfig(DiffusersConfig):
         return 2 ** (len(self.ch_mult) - 1)
 
     @property
-    def smallest_encoded_sides(self) -> tuple[int, int]:
-        """(mel frames, mel bins) diffusers' encoder runs: its stride-2 downsamplers pad two zeros before along the
-        causal axis, which leaves a row of any length, and one after along the others, which needs two rows to leave
-        one, at every level but the last."""
-        return tuple(1 if sum(pad) == 2 else self.mel_ratio for pad in downsample_padding(self.causality_axis))
+    def encode_input_limits(self) -> dict:
+        """What an encode's input keeps (models/common/inputs.py): the least (mel frames, mel bins) diffusers'
+        encoder runs. Its stride-2 downsamplers pad two zeros before along the causal axis, which leaves a row of any
+        length, and one after along the others, which needs two rows to leave one, at every level but the last."""
+        pads = downsample_padding(self.causality_axis)
+        return {"minimum": tuple(1 if sum(pad) == 2 else self.mel_ratio for pad in pads)}
 
     def attention_at(self, level: int) -> bool:
         """Whether the level's resnets are each followed by attention: its resolution (`resolution` halved per

@@ -212,9 +212,7 @@ class AutoencoderKLLTX2Audio(TilingMixin, nnx.Module):
 
     def encode(self, x, *, mesh=None):
         """(B, T, mel bins, in_channels) spectrograms -> (mean, logvar), each (B, ceil(T/4), mel/4, latent_channels)."""
-        expect_image(
-            x, self.config.in_channels, channels_last=True, what="encode", minimum=self.config.smallest_encoded_sides
-        )
+        expect_image(x, self.config.in_channels, channels_last=True, what="encode", **self.config.encode_input_limits)
         mean, logvar = jnp.split(run_image(self, "encoder", x, mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 

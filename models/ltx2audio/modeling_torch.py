@@ -209,9 +209,7 @@ class AutoencoderKLLTX2Audio(ChunkedAutoencoder):
 
     def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, in_channels, T, mel bins) spectrograms -> the latent distribution over (B, 8, ceil(T/4), mel/4)."""
-        expect_image(
-            x, self.config.in_channels, channels_last=False, what="encode", minimum=self.config.smallest_encoded_sides
-        )
+        expect_image(x, self.config.in_channels, channels_last=False, what="encode", **self.config.encode_input_limits)
         return EncoderOutput(DiagonalGaussianDistribution(self.run_image("encoder", x, step)))
 
     def decode(self, z: torch.Tensor, *, step=None) -> DecoderOutput:

@@ -170,10 +170,11 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
         return frames if self.encoded_frames(frames) > 0 else frames + self.clip_length
 
     @property
-    def smallest_encoded_side(self) -> int:
-        """The least height and width diffusers' encoder runs: PyTorch pads by reflection only an axis wider than
-        the padding (each 3x3x3 convolution's 1, a downsampler's 1 after), and a strided convolution must leave a
-        row. The side shrinks level by level as the encoder's downsamplers shrink it."""
+    def encode_input_limits(self) -> dict:
+        """What an encode's input keeps (models/common/inputs.py): the least height and width diffusers' encoder
+        runs. PyTorch pads by reflection only an axis wider than the padding (each 3x3x3 convolution's 1, a
+        downsampler's 1 after), and a strided convolution must leave a row; the side shrinks level by level as the
+        encoder's downsamplers shrink it."""
         wider_than = 1 if self.spatial_padding_mode == "reflect" else 0
 
         def runs(side: int) -> bool:
@@ -184,7 +185,7 @@ class AutoencoderKLMiniMaxH3Config(DiffusersConfig):
                     side = (side + (space == 2) - 3) // space + 1
             return side > wider_than
 
-        return next(side for side in itertools.count(1) if runs(side))
+        return {"minimum": next(side for side in itertools.count(1) if runs(side))}
 
     @property
     def min_decoded_latent_frames(self) -> int:

@@ -308,9 +308,7 @@ class AutoencoderKLMiniMaxH3(TilingMixin, nnx.Module):
     def encode(self, x, *, mesh=None):
         """(B, T, H, W, C) video, ImageNet-normalised -> (mean, logvar), each (B, 5n + 2 latent frames for 17n + 5
         frames, or 1 for one image, H/16, W/16, latent_channels)."""
-        expect_video(
-            x, self.config.in_channels, channels_last=True, what="encode", minimum=self.config.smallest_encoded_side
-        )
+        expect_video(x, self.config.in_channels, channels_last=True, what="encode", **self.config.encode_input_limits)
         moments = encode_in_clips(
             lambda x, bounds: run_chunks(self, "encoder", x, bounds, mesh), x, self.config, t_axis=1,
             concat=jnp.concatenate,

@@ -259,9 +259,7 @@ class AutoencoderKLMiniMaxH3(ChunkedAutoencoder):
 
     def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video, ImageNet-normalised; `step` runs one clip (see ChunkedAutoencoder.run_chunks)."""
-        expect_video(
-            x, self.config.in_channels, channels_last=False, what="encode", minimum=self.config.smallest_encoded_side
-        )
+        expect_video(x, self.config.in_channels, channels_last=False, what="encode", **self.config.encode_input_limits)
         x = x.to(self.quant_conv.weight.dtype)  # the encoder's, float32 in every output dtype (as diffusers)
         moments = encode_in_clips(
             lambda x, bounds: self.run_chunks("encoder", x, bounds, step), x, self.config, t_axis=2, concat=torch.cat
