@@ -50,6 +50,11 @@ class _CoderConfig(DiffusersConfig):
         """Pixels per latent along each side: every level but the last halves the image."""
         return 2 ** (len(self.block_out_channels) - 1)
 
+    @property
+    def encode_input_limits(self) -> dict:
+        """What an encode's input keeps (models/common/inputs.py): sides the downsamplers leave a pixel of."""
+        return {"minimum": self.spatial_ratio}
+
     def ensure_supported(self):
         if self.act_fn not in ("silu", "swish"):
             raise ConfigError(f"config.json: act_fn {self.act_fn!r} is not supported (silu only)")

@@ -142,7 +142,7 @@ class AutoencoderKL(TilingMixin, nnx.Module):
     def encode(self, x, *, mesh=None):
         """(B, H, W, C) images in [-1, 1] -> (mean, logvar), each (B, ceil(H/r), ceil(W/r), latent_channels), r the
         config's spatial ratio (any size, as diffusers: each downsampler pads odd sizes at the bottom and right)."""
-        expect_image(x, self.config.in_channels, channels_last=True, what="encode", minimum=self.config.spatial_ratio)
+        expect_image(x, self.config.in_channels, channels_last=True, what="encode", **self.config.encode_input_limits)
         mean, logvar = jnp.split(run_image(self, "encoder", x, mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)
 

@@ -124,7 +124,7 @@ class AutoencoderKL(ChunkedAutoencoder):
 
     def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, H, W) images; `step` runs the encoder (see ChunkedAutoencoder.run_image)."""
-        expect_image(x, self.config.in_channels, channels_last=False, what="encode", minimum=self.config.spatial_ratio)
+        expect_image(x, self.config.in_channels, channels_last=False, what="encode", **self.config.encode_input_limits)
         return EncoderOutput(DiagonalGaussianDistribution(self.run_image("encoder", x, step)))
 
     def decode(self, z: torch.Tensor, *, step=None) -> DecoderOutput:

@@ -67,10 +67,11 @@ class CogVideoXVAEConfig(DiffusersConfig):
             raise ConfigError("config.json: norm_num_groups must divide every block_out_channels entry")
 
     @property
-    def spatial_ratio(self) -> int:
-        """Pixels per latent along each side: each level but the last halves them (a stride-2 convolution after one
-        row and column of zeros, which needs two to leave one)."""
-        return 2 ** (len(self.block_out_channels) - 1)
+    def encode_input_limits(self) -> dict:
+        """What an encode's input keeps (models/common/inputs.py): sides of at least the spatial ratio, as each level
+        but the last halves them with a stride-2 convolution after one row and column of zeros, which needs two to
+        leave one."""
+        return {"minimum": 2 ** (len(self.block_out_channels) - 1)}
 
     @property
     def temporal_compress_level(self) -> int:

@@ -330,7 +330,7 @@ class AutoencoderKLCogVideoX(TilingMixin, nnx.Module):
     def encode(self, x, *, mesh=None):
         """(B, T, H, W, C) video -> (mean, logvar), in batches of 8 frames (the remainder joins the first).
         With a mesh ("dp", "tp"), batch and width are split over it (models/common/sharding.py)."""
-        expect_video(x, self.config.in_channels, channels_last=True, what="encode", minimum=self.config.spatial_ratio)
+        expect_video(x, self.config.in_channels, channels_last=True, what="encode", **self.config.encode_input_limits)
         bounds = frame_batches(x.shape[1], self.num_sample_frames_batch_size)
         mean, logvar = jnp.split(run_chunks(self, "encoder", x, bounds, mesh), 2, axis=-1)
         return mean, jnp.clip(logvar, -30.0, 20.0)

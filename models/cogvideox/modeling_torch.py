@@ -304,7 +304,7 @@ class AutoencoderKLCogVideoX(ChunkedAutoencoder):
     def encode(self, x: torch.Tensor, *, step=None) -> EncoderOutput:
         """(B, C, T, H, W) video, in batches of 8 frames (the remainder joins the first batch). `step` runs one
         chunk (see ChunkedAutoencoder.run_chunks)."""
-        expect_video(x, self.config.in_channels, channels_last=False, what="encode", minimum=self.config.spatial_ratio)
+        expect_video(x, self.config.in_channels, channels_last=False, what="encode", **self.config.encode_input_limits)
         bounds = frame_batches(x.shape[2], self.num_sample_frames_batch_size)
         return EncoderOutput(DiagonalGaussianDistribution(self.run_chunks("encoder", x, bounds, step)))
 

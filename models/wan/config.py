@@ -222,10 +222,11 @@ class WanLayout:
         return 2 ** (len(self.dim_mult) - 1) * self.patch
 
     @property
-    def encode_multiple(self) -> int:
-        """What an encoded frame's sides must be multiples of: the patch, and in the residual layout the whole
-        spatial ratio (its parameter-free shortcuts fold pixels at every level)."""
-        return self.spatial_ratio if self.is_residual else self.patch
+    def encode_input_limits(self) -> dict:
+        """What an encode's input keeps (models/common/inputs.py): its sides multiples of the patch, and in the
+        residual layout of the whole spatial ratio (its parameter-free shortcuts fold pixels at every level); at
+        least the spatial ratio, as each stride-2 downsampler pads one row after and needs two to leave one."""
+        return {"multiple": self.spatial_ratio if self.is_residual else self.patch, "minimum": self.spatial_ratio}
 
     @property
     def temperal_upsample(self) -> tuple[bool, ...]:

@@ -408,9 +408,8 @@ class AutoencoderKLWan(TilingMixin, nnx.Module):
             config.video_channels,
             channels_last=True,
             what="encode",
-            multiple=config.encode_multiple,
-            minimum=config.spatial_ratio,
             frames=config.frames,
+            **config.encode_input_limits,
         )
         x = patchify(x, config.patch)
         mean, logvar = jnp.split(run_chunks(self, "encoder", x, encode_chunks(x.shape[1]), mesh), 2, axis=-1)

@@ -377,9 +377,8 @@ class AutoencoderKLWan(ChunkedAutoencoder):
             config.video_channels,
             channels_last=False,
             what="encode",
-            multiple=config.encode_multiple,
-            minimum=config.spatial_ratio,
             frames=config.frames,
+            **config.encode_input_limits,
         )
         x = patchify(x, config.patch)
         moments = self.run_chunks("encoder", x, encode_chunks(x.shape[2]), step)
